@@ -1,0 +1,150 @@
+"""Configuration, read once from the environment and validated before anything starts.
+
+Names are part of the product's interface: operators script against them, so they are
+spelled exactly as the README's table says.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Annotated
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./greenlight.db"
+DEFAULT_MODEL = "googleai/gemini-flash-latest"
+DEFAULT_TOOLS = "agent.example_tools"
+
+_SLACK_ID = re.compile(r"^[A-Z0-9]{2,}$")
+_SLACK_SECRETS = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN")
+
+
+def _split_csv(value: object) -> object:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Every knob Greenlight reads; see the README's configuration table."""
+
+    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", env_ignore_empty=True)
+
+    SLACK_BOT_TOKEN: SecretStr | None = None
+    SLACK_SIGNING_SECRET: SecretStr | None = None
+    SLACK_APP_TOKEN: SecretStr | None = None
+    SLACK_API_URL: str | None = None
+    PORT: int = Field(default=3000, ge=1, le=65535)
+
+    DATABASE_URL: str = DEFAULT_DATABASE_URL
+    MIGRATE_ON_START: bool = True
+
+    GEMINI_API_KEY: SecretStr | None = None
+    GEMINI_API_URL: str | None = None
+    AGENT_MODEL: str = DEFAULT_MODEL
+    AGENT_SYSTEM_PROMPT: str | None = None
+    AGENT_TOOLS: Annotated[list[str], NoDecode] = Field(default_factory=lambda: [DEFAULT_TOOLS])
+
+    APPROVER_CHANNEL: str | None = None
+    ADMIN_USERS: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    APPROVAL_TIMEOUT_SECONDS: int = Field(default=24 * 3600, gt=0)
+    RECOVERY_INTERVAL_SECONDS: float = Field(default=30.0, gt=0)
+    RESUME_LEASE_SECONDS: float = Field(default=120.0, gt=0)
+    LOG_LEVEL: str = "INFO"
+
+    _split_tools = field_validator("AGENT_TOOLS", "ADMIN_USERS", mode="before")(_split_csv)
+
+    @field_validator("SLACK_API_URL", "GEMINI_API_URL")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value
+
+    @field_validator("DATABASE_URL")
+    @classmethod
+    def _async_driver(cls, value: str) -> str:
+        if not value.startswith(("postgresql+asyncpg://", "sqlite+aiosqlite://")):
+            raise ValueError(
+                "must use an async driver: postgresql+asyncpg://user:pass@host/db "
+                "or sqlite+aiosqlite:///path.db"
+            )
+        return value
+
+    @field_validator("APPROVER_CHANNEL")
+    @classmethod
+    def _channel_id(cls, value: str | None) -> str | None:
+        if value is not None and not (_SLACK_ID.match(value) and value[0] in "CG"):
+            raise ValueError("must be a channel ID such as C0123ABCD (not a #name)")
+        return value
+
+    @field_validator("ADMIN_USERS")
+    @classmethod
+    def _user_ids(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not (_SLACK_ID.match(v) and v[0] in "UW")]
+        if bad:
+            raise ValueError(f"must be Slack user IDs such as U0123ABCD, got {', '.join(bad)}")
+        return value
+
+    @field_validator("LOG_LEVEL")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        if value.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+            raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR")
+        return value.upper()
+
+    @property
+    def socket_mode(self) -> bool:
+        return self.SLACK_APP_TOKEN is not None
+
+    def serving_problems(self) -> list[str]:
+        """What is missing to serve Slack traffic, each with how to fix it."""
+        problems = []
+        if self.SLACK_BOT_TOKEN is None:
+            problems.append(
+                "SLACK_BOT_TOKEN is not set: copy the Bot User OAuth Token (xoxb-...) "
+                "from your Slack app's OAuth & Permissions page"
+            )
+        if self.SLACK_APP_TOKEN is None and self.SLACK_SIGNING_SECRET is None:
+            problems.append(
+                "SLACK_SIGNING_SECRET is not set (needed in HTTP mode): copy it from your "
+                "Slack app's Basic Information page, or set SLACK_APP_TOKEN (xapp-...) "
+                "to use Socket Mode instead"
+            )
+        return problems
+
+
+class ConfigError(Exception):
+    """Raised with every configuration problem at once, ready to print."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+    def render(self) -> str:
+        lines = ["Greenlight cannot start: the configuration has problems."]
+        lines += [f"  - {p}" for p in self.problems]
+        lines.append("Set these environment variables (see the README's configuration table).")
+        return "\n".join(lines)
+
+
+def load_settings(*, serving: bool) -> Settings:
+    """Read the environment once; raise ConfigError naming every problem, never a traceback."""
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            name = ".".join(str(p) for p in err["loc"]) or "configuration"
+            message = str(err["msg"]).removeprefix("Value error, ")
+            problems.append(f"{name}: {message}")
+        if serving:
+            # Report missing tokens too, so one run names everything to fix.
+            present = {k: SecretStr("set") for k in _SLACK_SECRETS if os.environ.get(k)}
+            problems += Settings.model_construct(**present).serving_problems()
+        raise ConfigError(problems) from None
+    if serving and (problems := settings.serving_problems()):
+        raise ConfigError(problems)
+    return settings

@@ -1,0 +1,200 @@
+"""Tables: agent snapshots and messages, conversations, paused turns, approvals, policy, audit.
+
+Every row carries the Slack team id so one database can serve several workspaces.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Enum, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware timestamps on every backend (SQLite forgets the zone otherwise)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime: pass an aware UTC timestamp")
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: UTCDateTime}
+
+
+def _enum(cls: type[enum.Enum]) -> Enum:
+    return Enum(cls, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e])
+
+
+class ApprovalStatus(enum.StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+
+
+class Execution(enum.StrEnum):
+    """Where an approved call got to: recorded around the tool so a recovery never reruns it."""
+
+    NOT_STARTED = "not_started"
+    STARTED = "started"
+    FINISHED = "finished"
+
+
+class TurnState(enum.StrEnum):
+    WAITING = "waiting"  # interrupts await decisions
+    RESUMING = "resuming"  # claimed by one process; lease_until says until when
+    DONE = "done"
+    FAILED = "failed"
+
+
+class SnapshotRow(Base):
+    """One Genkit snapshot without its messages; `meta` is the rest of it, verbatim."""
+
+    __tablename__ = "agent_snapshots"
+
+    team_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    snapshot_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    session_id: Mapped[str | None] = mapped_column(String(128))
+    parent_id: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[str] = mapped_column(String(40))
+    meta: Mapped[dict[str, Any]]
+    # None when the snapshot has no message list at all (not the same as an empty one).
+    message_count: Mapped[int | None] = mapped_column(Integer)
+    # Leading messages shared with the parent and stored there, not here.
+    inherited: Mapped[int] = mapped_column(Integer, default=0)
+    digest: Mapped[str] = mapped_column(String(64))
+    version: Mapped[int] = mapped_column(Integer, default=1)
+
+    __table_args__ = (Index("ix_agent_snapshots_session", "team_id", "session_id", "created_at"),)
+
+
+class MessageRow(Base):
+    """A message stored once, under the snapshot that first had it."""
+
+    __tablename__ = "agent_messages"
+
+    team_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    snapshot_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[dict[str, Any]]
+
+
+class Conversation(Base):
+    """A Slack thread bound to one agent session."""
+
+    __tablename__ = "conversations"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    team_id: Mapped[str] = mapped_column(String(32))
+    channel_id: Mapped[str] = mapped_column(String(32))
+    thread_ts: Mapped[str] = mapped_column(String(32))
+    session_id: Mapped[str | None] = mapped_column(String(128))
+    busy_until: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+
+    __table_args__ = (
+        Index("ux_conversations_thread", "team_id", "channel_id", "thread_ts", unique=True),
+    )
+
+
+class Turn(Base):
+    """A turn paused on interrupts, from the interrupt to its resume."""
+
+    __tablename__ = "turns"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    team_id: Mapped[str] = mapped_column(String(32))
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id"))
+    session_id: Mapped[str] = mapped_column(String(128))
+    snapshot_id: Mapped[str] = mapped_column(String(128))
+    state: Mapped[TurnState] = mapped_column(_enum(TurnState))
+    lease_until: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    __table_args__ = (Index("ix_turns_state", "state", "lease_until"),)
+
+
+class Approval(Base):
+    """One interrupted tool call and its single decision."""
+
+    __tablename__ = "approvals"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    team_id: Mapped[str] = mapped_column(String(32))
+    turn_id: Mapped[str] = mapped_column(ForeignKey("turns.id"), index=True)
+    tool: Mapped[str] = mapped_column(String(128))
+    ref: Mapped[str] = mapped_column(String(128))
+    input: Mapped[dict[str, Any]]
+    requester: Mapped[str] = mapped_column(String(32))
+    requested_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    why: Mapped[str] = mapped_column(Text)
+    status: Mapped[ApprovalStatus] = mapped_column(_enum(ApprovalStatus))
+    decided_by: Mapped[str | None] = mapped_column(String(32))
+    decided_at: Mapped[datetime | None]
+    reason: Mapped[str | None] = mapped_column(Text)
+    execution: Mapped[Execution] = mapped_column(_enum(Execution))
+    output: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    card_channel: Mapped[str | None] = mapped_column(String(32))
+    card_ts: Mapped[str | None] = mapped_column(String(32))
+
+    __table_args__ = (Index("ix_approvals_status_expiry", "status", "expires_at"),)
+
+
+class ToolPolicy(Base):
+    """An admin's settings for one tool; absent fields fall back to configuration."""
+
+    __tablename__ = "tool_policies"
+
+    team_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tool: Mapped[str] = mapped_column(String(128), primary_key=True)
+    allowed: Mapped[bool] = mapped_column(default=False)
+    channel: Mapped[str | None] = mapped_column(String(32))
+    approver_users: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    approver_groups: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    timeout_seconds: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[datetime]
+    updated_by: Mapped[str] = mapped_column(String(32))
+
+
+class AuditEvent(Base):
+    """Append-only trail: requests, decisions, expiries, executions, policy changes."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    team_id: Mapped[str] = mapped_column(String(32))
+    at: Mapped[datetime]
+    actor: Mapped[str] = mapped_column(String(32))
+    action: Mapped[str] = mapped_column(String(32))
+    tool: Mapped[str | None] = mapped_column(String(128))
+    approval_id: Mapped[str | None] = mapped_column(String(64))
+    detail: Mapped[dict[str, Any]]
+
+    __table_args__ = (Index("ix_audit_team_at", "team_id", "at"),)
+
+
+class SeenEvent(Base):
+    """Slack event ids already handled, so a retried delivery runs nothing twice."""
+
+    __tablename__ = "seen_events"
+
+    event_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    received_at: Mapped[datetime]
