@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import JSON, DateTime, Enum, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.engine import Dialect
@@ -33,7 +33,11 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: UTCDateTime}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dict[str, Any]: JSON,
+        list[Any]: JSON,
+        datetime: UTCDateTime,
+    }
 
 
 def _enum(cls: type[enum.Enum]) -> Enum:
@@ -103,7 +107,9 @@ class Conversation(Base):
     team_id: Mapped[str] = mapped_column(String(32))
     channel_id: Mapped[str] = mapped_column(String(32))
     thread_ts: Mapped[str] = mapped_column(String(32))
-    session_id: Mapped[str | None] = mapped_column(String(128))
+    # The snapshot the next message continues from: the last turn that finished well, so a
+    # turn that failed mid-way never leaves the thread stuck on dangling tool requests.
+    snapshot_id: Mapped[str | None] = mapped_column(String(128))
     busy_until: Mapped[datetime | None]
     created_at: Mapped[datetime]
 

@@ -7,6 +7,7 @@ Tests stay independent without rollbacks by working under their own Slack team i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -61,10 +62,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    try:
+    with contextlib.suppress(OSError, asyncpg.PostgresError, TimeoutError):
         asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{_RUN_DB}" WITH (FORCE)'))
-    except (OSError, asyncpg.PostgresError, TimeoutError):
-        pass
 
 
 def pg_test_url() -> str:

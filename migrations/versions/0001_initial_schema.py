@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 10:36:40.884272
+Create Date: 2026-11-29 10:41:24.120901
 """
 
 from collections.abc import Sequence
@@ -11,7 +11,6 @@ import sqlalchemy as sa
 from alembic import op
 
 import storage.models
-
 
 revision: str = "0001"
 down_revision: str | None = None
@@ -68,7 +67,7 @@ def upgrade() -> None:
         sa.Column("team_id", sa.String(length=32), nullable=False),
         sa.Column("channel_id", sa.String(length=32), nullable=False),
         sa.Column("thread_ts", sa.String(length=32), nullable=False),
-        sa.Column("session_id", sa.String(length=128), nullable=True),
+        sa.Column("snapshot_id", sa.String(length=128), nullable=True),
         sa.Column("busy_until", storage.models.UTCDateTime(timezone=True), nullable=True),
         sa.Column("created_at", storage.models.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("id"),

@@ -1,0 +1,185 @@
+"""The approval middleware: unique refs, a live allow-list, and the one gate before execution.
+
+Genkit re-creates middleware from its config on every generate call, so dependencies are
+closed over by a class built per application (`approval_middleware`), not passed to
+`__init__`. Per-turn facts (which workspace, who asked) travel in a ContextVar.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from genkit import Part
+from genkit._ai._tools import Interrupt
+from genkit.middleware import (
+    BaseMiddleware,
+    GenerateMiddlewareContext,
+    ModelHookParams,
+    MultipartToolResponse,
+    ToolHookParams,
+)
+from genkit.model import ModelResponse
+from pydantic import BaseModel
+
+from agent.policy import PolicyService
+from storage import approvals, audit
+from storage.db import SessionFactory
+from storage.models import ApprovalStatus, Execution
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_OUTCOME = {
+    "ok": False,
+    "error": (
+        "outcome unknown: the approved call started but its result was never recorded "
+        "(the process stopped). It was not run again; a human must check whether it took effect."
+    ),
+}
+
+
+@dataclass(frozen=True)
+class TurnScope:
+    team_id: str
+    requester: str
+
+
+current_scope: ContextVar[TurnScope | None] = ContextVar("greenlight_turn", default=None)
+
+
+def jsonable(value: Any) -> Any:
+    """A tool's output as plain JSON, as it is recorded and replayed."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return value
+
+
+def stamp_refs(response: ModelResponse, new_id: Callable[[], str]) -> None:
+    """Give every tool request a ref unique within its message (Genkit matches on name+ref)."""
+    if response.message is None:
+        return
+    seen: set[str] = set()
+    for part in response.message.content:
+        request = part.tool_request
+        if request is None:
+            continue
+        if request.ref is None or request.ref in seen:
+            request.ref = new_id()
+        seen.add(request.ref)
+
+
+def approval_middleware(
+    *,
+    sessions: SessionFactory,
+    policies: PolicyService,
+    new_id: Callable[[], str],
+    clock: Callable[[], Any],
+) -> type[BaseMiddleware[Any]]:
+    """Build the middleware class bound to this application's database and policy."""
+
+    async def run_approved(
+        approval_id: str,
+        scope: TurnScope,
+        params: ToolHookParams,
+        ctx: GenerateMiddlewareContext,
+        next_fn: Callable[
+            [ToolHookParams, GenerateMiddlewareContext], Awaitable[MultipartToolResponse]
+        ],
+    ) -> MultipartToolResponse:
+        """Run an approved call at most once: 'started' is committed before the tool runs."""
+        tool, ref = params.tool.name, params.tool_request_part.tool_request.ref  # type: ignore[union-attr]
+        async with sessions.begin() as db:
+            started = await approvals.start_execution(
+                db, approval_id, team_id=scope.team_id, tool=tool, ref=ref or ""
+            )
+            row = await approvals.get_approval(db, scope.team_id, approval_id)
+            if started and row is not None:
+                audit.record(
+                    db,
+                    team_id=scope.team_id,
+                    at=clock(),
+                    actor=row.decided_by or "",
+                    action="execution_started",
+                    tool=tool,
+                    approval_id=approval_id,
+                    input=row.input,
+                )
+        if not started:
+            if row is not None and row.status == ApprovalStatus.APPROVED and row.ref == ref:
+                # A second resume of a call that already ran (or died running): never rerun.
+                if row.execution == Execution.FINISHED:
+                    return MultipartToolResponse(output=row.output)
+                return MultipartToolResponse(output=UNKNOWN_OUTCOME)
+            log.warning(
+                "restart of %s carried approval %s that does not allow it", tool, approval_id
+            )
+            raise Interrupt({"why": f"{tool} needs approval (the approval given was not valid)"})
+        try:
+            result = await next_fn(params, ctx)
+            output = jsonable(result.output)
+        except Exception:
+            log.exception("approved tool %s failed (approval %s)", tool, approval_id)
+            output = {"ok": False, "error": f"the tool {tool} failed; it may need a retry"}
+            result = MultipartToolResponse(output=output)
+        async with sessions.begin() as db:
+            await approvals.finish_execution(db, approval_id, output=output)
+            audit.record(
+                db,
+                team_id=scope.team_id,
+                at=clock(),
+                actor="greenlight",
+                action="executed",
+                tool=tool,
+                approval_id=approval_id,
+                output=output,
+            )
+        return result
+
+    class GreenlightApproval(BaseMiddleware[Any]):
+        async def wrap_model(
+            self,
+            params: ModelHookParams,
+            ctx: GenerateMiddlewareContext,
+            next_fn: Callable[
+                [ModelHookParams, GenerateMiddlewareContext], Awaitable[ModelResponse]
+            ],
+        ) -> ModelResponse:
+            response = await next_fn(params, ctx)
+            stamp_refs(response, new_id)
+            return response
+
+        async def wrap_tool(
+            self,
+            params: ToolHookParams,
+            ctx: GenerateMiddlewareContext,
+            next_fn: Callable[
+                [ToolHookParams, GenerateMiddlewareContext], Awaitable[MultipartToolResponse]
+            ],
+        ) -> MultipartToolResponse:
+            scope = current_scope.get()
+            tool = params.tool.name
+            if scope is None:  # fail closed: no workspace, no policy, no tool
+                raise Interrupt({"why": f"{tool} was called outside a Greenlight turn"})
+            resumed = (params.tool_request_part.metadata or {}).get("resumed")
+            if isinstance(resumed, dict) and (
+                resumed.get("tool_approved") or resumed.get("toolApproved")
+            ):
+                approval_id = resumed.get("approval_id")
+                if isinstance(approval_id, str):
+                    return await run_approved(approval_id, scope, params, ctx, next_fn)
+                # Approval metadata with no recorded approval behind it is not trusted.
+            policy = await policies.get(scope.team_id, tool)
+            if policy.allowed:
+                return await next_fn(params, ctx)
+            raise Interrupt({"why": policy.why})
+
+    return GreenlightApproval
+
+
+def interrupt_why(part: Part) -> str | None:
+    """The reason our middleware attached to an interrupted tool request, if any."""
+    meta = (part.metadata or {}).get("interrupt")
+    return str(meta["why"]) if isinstance(meta, dict) and "why" in meta else None

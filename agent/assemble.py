@@ -1,0 +1,55 @@
+"""Wires store, policy, middleware, agent and workflow together: one place, used by all."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from genkit.exp import Genkit
+
+from agent.approval import approval_middleware
+from agent.policy import PolicyDefaults, PolicyService
+from agent.runtime import AgentConfig, build_runtime
+from agent.workflow import Workflow
+from storage.db import SessionFactory
+from storage.session_store import SqlSessionStore
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_uuid() -> str:
+    return str(uuid.uuid4())
+
+
+def build_workflow(
+    sessions: SessionFactory,
+    config: AgentConfig,
+    *,
+    defaults: PolicyDefaults | None = None,
+    clock: Callable[[], datetime] = utc_now,
+    new_id: Callable[[], str] = new_uuid,
+    lease: timedelta = timedelta(minutes=2),
+    setup: Callable[[Genkit], None] | None = None,
+) -> Workflow:
+    tool_names: list[str] = []
+    policies = PolicyService(
+        sessions, tools=lambda: tool_names, defaults=defaults or PolicyDefaults(), clock=clock
+    )
+    middleware = approval_middleware(
+        sessions=sessions, policies=policies, new_id=new_id, clock=clock
+    )
+    runtime = build_runtime(
+        config, store=SqlSessionStore(sessions), middleware=middleware, setup=setup
+    )
+    tool_names.extend(runtime.tools)
+    return Workflow(
+        runtime=runtime,
+        sessions=sessions,
+        policies=policies,
+        clock=clock,
+        new_id=new_id,
+        lease=lease,
+    )

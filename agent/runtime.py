@@ -1,0 +1,85 @@
+"""Builds the Genkit instance and the agent: model, system prompt, tools, approval middleware."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from genkit import Tool
+from genkit.exp import Agent, Genkit, SessionStore
+from genkit.middleware import BaseMiddleware
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a careful operations assistant working inside Slack. Use the tools you have to "
+    "do what the employee asks. Some tools need a human's approval: when a tool result says "
+    "it was denied, expired or has an unknown outcome, tell the employee plainly and do not "
+    "retry it on your own."
+)
+
+
+class ToolModuleError(ValueError):
+    """AGENT_TOOLS names a module that cannot be loaded or has no `register(ai)`."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    model: str = "googleai/gemini-flash-latest"
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    tool_modules: tuple[str, ...] = ("agent.example_tools",)
+    gemini_api_key: str | None = None
+    gemini_api_url: str | None = None
+
+
+@dataclass
+class AgentRuntime:
+    ai: Genkit
+    agent: Agent[Any]
+    tools: dict[str, str] = field(default_factory=dict)  # name -> description, for cards
+
+
+def load_tools(ai: Genkit, modules: Sequence[str]) -> list[Tool]:
+    """Import each module of AGENT_TOOLS and let it register its tools on `ai`."""
+    tools: list[Tool] = []
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            raise ToolModuleError(f"AGENT_TOOLS: cannot import {name!r} ({exc})") from None
+        register = getattr(module, "register", None)
+        if not callable(register):
+            raise ToolModuleError(f"AGENT_TOOLS: module {name!r} has no register(ai) function")
+        tools.extend(register(ai))
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        raise ToolModuleError(f"AGENT_TOOLS: two tools share a name among {sorted(names)}")
+    return tools
+
+
+def build_runtime(
+    config: AgentConfig,
+    *,
+    store: SessionStore[Any],
+    middleware: type[BaseMiddleware[Any]],
+    setup: Callable[[Genkit], None] | None = None,
+) -> AgentRuntime:
+    """Wire the agent. `setup` may register extra models (tests and the demo use it)."""
+    plugins: list[Any] = []
+    if config.model.startswith("googleai/"):
+        from agent.gemini import gemini_plugin
+
+        plugins.append(gemini_plugin(config.gemini_api_key, config.gemini_api_url))
+    ai = Genkit(plugins=plugins)
+    if setup is not None:
+        setup(ai)
+    tools = load_tools(ai, config.tool_modules)
+    agent = ai.define_agent(
+        name="greenlight",
+        model=config.model,
+        system=config.system_prompt,
+        tools=tools,
+        use=[middleware()],
+        store=store,
+    )
+    return AgentRuntime(ai=ai, agent=agent, tools={t.name: t.description for t in tools})

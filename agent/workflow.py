@@ -1,0 +1,518 @@
+"""The approval workflow: from a message to a reply, through interrupts, decisions and resume.
+
+Transport-agnostic: callers pass Slack-free facts in and render the outcomes they get back.
+Every step that must happen once is a conditional write in storage (see storage/approvals.py);
+a tool runs only behind the execution gate in agent/approval.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from genkit import Part
+from genkit.exp import AgentChat, AgentFinishReason, AgentInterrupt, AgentResponse
+
+from agent.approval import UNKNOWN_OUTCOME, TurnScope, current_scope, interrupt_why
+from agent.policy import ApproverFacts, PolicyService, refusal
+from agent.runtime import AgentRuntime
+from storage import approvals, audit
+from storage.db import SessionFactory
+from storage.models import (
+    Approval,
+    ApprovalStatus,
+    Conversation,
+    Execution,
+    Turn,
+    TurnState,
+)
+from storage.session_store import current_team
+
+log = logging.getLogger(__name__)
+
+MAX_RESUME_ATTEMPTS = 3
+RETRY_DELAY = timedelta(seconds=30)
+TextSink = Callable[[str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Thread:
+    """Where a conversation lives; the transport maps it to a Slack thread."""
+
+    team_id: str
+    channel_id: str
+    thread_ts: str
+
+
+@dataclass(frozen=True)
+class ApprovalInfo:
+    """Everything a card needs about one approval, as recorded."""
+
+    id: str
+    thread: Thread
+    tool: str
+    description: str
+    input: dict[str, Any]
+    requester: str
+    requested_at: datetime
+    expires_at: datetime
+    why: str
+    status: ApprovalStatus
+    decided_by: str | None
+    decided_at: datetime | None
+    reason: str | None
+    execution: Execution
+    card_channel: str | None
+    card_ts: str | None
+
+    @property
+    def outcome_unknown(self) -> bool:
+        return self.execution == Execution.STARTED
+
+
+@dataclass(frozen=True)
+class Reply:
+    thread: Thread
+    text: str
+
+
+@dataclass(frozen=True)
+class AwaitingApproval:
+    thread: Thread
+    approvals: tuple[ApprovalInfo, ...]
+
+
+@dataclass(frozen=True)
+class Busy:
+    """The thread already has a turn running or waiting for approval."""
+
+    thread: Thread
+    waiting_on: tuple[ApprovalInfo, ...] = ()
+
+
+@dataclass(frozen=True)
+class Failed:
+    thread: Thread
+    retrying: bool = False
+
+
+TurnOutcome = Reply | AwaitingApproval | Busy | Failed
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A resumed turn: its outcome, and the approvals it settled (to refresh their cards)."""
+
+    outcome: TurnOutcome
+    settled: tuple[ApprovalInfo, ...]
+
+
+@dataclass(frozen=True)
+class Decided:
+    approval: ApprovalInfo
+    turn_id: str
+    turn_ready: bool  # every approval of the paused turn is now decided
+
+
+RefusalReason = Literal["not_found", "self_approval", "not_an_approver", "already_decided"]
+
+
+class DecisionRefused(Exception):
+    """A decision that changes nothing; `approval` shows its true state when known."""
+
+    def __init__(self, reason: RefusalReason, approval: ApprovalInfo | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.approval = approval
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    expired: tuple[ApprovalInfo, ...] = ()
+    resumed: tuple[Resumed, ...] = field(default_factory=tuple)
+
+
+class Workflow:
+    def __init__(
+        self,
+        *,
+        runtime: AgentRuntime,
+        sessions: SessionFactory,
+        policies: PolicyService,
+        clock: Callable[[], datetime],
+        new_id: Callable[[], str],
+        lease: timedelta = timedelta(minutes=2),
+    ) -> None:
+        self._runtime = runtime
+        self._sessions = sessions
+        self._policies = policies
+        self._clock = clock
+        self._new_id = new_id
+        self._lease = lease
+
+    @property
+    def policies(self) -> PolicyService:
+        return self._policies
+
+    # -- turns -------------------------------------------------------------------------
+
+    async def start_turn(
+        self, thread: Thread, requester: str, text: str, on_text: TextSink | None = None
+    ) -> TurnOutcome:
+        """Run one employee message; returns the reply, or the approvals it now waits on."""
+        now = self._clock()
+        async with self._sessions.begin() as db:
+            conv = await approvals.get_or_create_conversation(
+                db,
+                new_id=self._new_id(),
+                team_id=thread.team_id,
+                channel_id=thread.channel_id,
+                thread_ts=thread.thread_ts,
+                now=now,
+            )
+            waiting = await approvals.open_turn(db, conv.id)
+            if waiting is not None:
+                pending = await approvals.turn_approvals(db, waiting.id)
+                return Busy(thread, tuple([await self._info(db, a, thread) for a in pending]))
+            if not await approvals.claim_conversation(
+                db, conv.id, now=now, until=now + self._lease
+            ):
+                return Busy(thread)
+        scope = TurnScope(team_id=thread.team_id, requester=requester)
+        try:
+            out = await self._run(scope, conv.snapshot_id, on_text, lambda c: c.send_stream(text))
+        except Exception:
+            log.exception("turn failed in conversation %s", conv.id)
+            async with self._sessions.begin() as db:
+                await approvals.release_conversation(db, conv.id, snapshot_id=None)
+            return Failed(thread)
+        if out.finish_reason == AgentFinishReason.INTERRUPTED:
+            async with self._sessions.begin() as db:
+                infos = await self._pause(db, conv, thread, requester, out)
+                await approvals.release_conversation(db, conv.id, snapshot_id=None)
+            return AwaitingApproval(thread, infos)
+        async with self._sessions.begin() as db:
+            await approvals.release_conversation(db, conv.id, snapshot_id=out.snapshot_id)
+        return Reply(thread, out.text)
+
+    async def continue_turn(self, turn_id: str, on_text: TextSink | None = None) -> Resumed | None:
+        """Resume a fully decided turn, once. None when it is not ready or someone else has it."""
+        now = self._clock()
+        async with self._sessions.begin() as db:
+            turn = await approvals.claim_turn(db, turn_id, now=now, lease_until=now + self._lease)
+            if turn is None:
+                return None
+            conv = await db.get_one(Conversation, turn.conversation_id)
+            rows = await approvals.turn_approvals(db, turn.id)
+        thread = Thread(conv.team_id, conv.channel_id, conv.thread_ts)
+        requester = rows[0].requester if rows else ""
+        scope = TurnScope(team_id=turn.team_id, requester=requester)
+        respond, restart = resume_parts(rows)
+        heartbeat = asyncio.create_task(self._keep_lease(turn))
+        try:
+            out = await self._run(
+                scope,
+                turn.snapshot_id,
+                on_text,
+                lambda c: c.resume_stream(respond=respond, restart=restart),
+            )
+        except Exception:
+            log.exception("resume of turn %s failed (attempt %d)", turn.id, turn.attempts)
+            return await self._resume_failed(turn, conv, thread)
+        finally:
+            heartbeat.cancel()
+        async with self._sessions.begin() as db:
+            final = TurnState.DONE
+            if not await approvals.finish_turn(
+                db, turn.id, attempt=turn.attempts, state=final, now=self._clock()
+            ):
+                log.error("turn %s lost its lease while resuming; dropping this result", turn.id)
+                return None
+            settled = await self._infos(db, turn.id, thread)
+            if out.finish_reason == AgentFinishReason.INTERRUPTED:
+                infos = await self._pause(db, conv, thread, requester, out)
+                return Resumed(AwaitingApproval(thread, infos), settled)
+            await approvals.release_conversation(db, conv.id, snapshot_id=out.snapshot_id)
+            return Resumed(Reply(thread, out.text), settled)
+
+    # -- decisions ---------------------------------------------------------------------
+
+    async def decide(
+        self,
+        team_id: str,
+        approval_id: str,
+        approver: str,
+        *,
+        approve: bool,
+        reason: str | None = None,
+        facts: ApproverFacts | None = None,
+    ) -> Decided:
+        """Record one decision, atomically; raises DecisionRefused and changes nothing else."""
+        now = self._clock()
+        async with self._sessions() as db:
+            row = await approvals.get_approval(db, team_id, approval_id)
+            if row is None:
+                raise DecisionRefused("not_found")
+            info = await self._info(db, row)
+        if row.status != ApprovalStatus.PENDING:
+            raise DecisionRefused("already_decided", info)
+        policy = await self._policies.get(team_id, row.tool)
+        facts = facts or ApproverFacts()
+        why = refusal(policy, requester=row.requester, approver=approver, facts=facts)
+        if why is not None:
+            raise DecisionRefused(why, info)
+        status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
+        async with self._sessions.begin() as db:
+            won = await approvals.record_decision(
+                db, approval_id, status=status, decided_by=approver, reason=reason, now=now
+            )
+            if won:
+                audit.record(
+                    db,
+                    team_id=team_id,
+                    at=now,
+                    actor=approver,
+                    action=status.value,
+                    tool=row.tool,
+                    approval_id=approval_id,
+                    input=row.input,
+                    reason=reason,
+                )
+            fresh = await approvals.get_approval(db, team_id, approval_id)
+            assert fresh is not None
+            info = await self._info(db, fresh, info.thread)
+            if not won:
+                raise DecisionRefused("already_decided", info)
+            siblings = await approvals.turn_approvals(db, row.turn_id)
+        ready = all(a.status != ApprovalStatus.PENDING for a in siblings)
+        return Decided(info, row.turn_id, ready)
+
+    # -- maintenance -------------------------------------------------------------------
+
+    async def sweep(self, team_id: str | None = None) -> SweepReport:
+        """Expire overdue approvals and resume turns nobody is resuming (after a crash).
+
+        Runs over every workspace unless `team_id` narrows it to one.
+        """
+        now = self._clock()
+        expired: list[ApprovalInfo] = []
+        async with self._sessions.begin() as db:
+            for row in await approvals.expired_approvals(db, now=now, team_id=team_id):
+                if await approvals.record_decision(
+                    db, row.id, status=ApprovalStatus.EXPIRED, decided_by=None, reason=None, now=now
+                ):
+                    audit.record(
+                        db,
+                        team_id=row.team_id,
+                        at=now,
+                        actor="greenlight",
+                        action="expired",
+                        tool=row.tool,
+                        approval_id=row.id,
+                        input=row.input,
+                    )
+                    await db.refresh(row)
+                    expired.append(await self._info(db, row))
+            turn_ids = await approvals.recoverable_turns(db, now=now, team_id=team_id)
+        resumed = [r for t in turn_ids if (r := await self.continue_turn(t)) is not None]
+        return SweepReport(tuple(expired), tuple(resumed))
+
+    async def approval(self, team_id: str, approval_id: str) -> ApprovalInfo | None:
+        async with self._sessions() as db:
+            row = await approvals.get_approval(db, team_id, approval_id)
+            return None if row is None else await self._info(db, row)
+
+    async def pending(self, team_id: str) -> list[ApprovalInfo]:
+        async with self._sessions() as db:
+            return [await self._info(db, r) for r in await approvals.pending_approvals(db, team_id)]
+
+    async def attach_card(self, approval_id: str, *, channel: str, ts: str) -> None:
+        async with self._sessions.begin() as db:
+            await approvals.set_card(db, approval_id, channel=channel, ts=ts)
+
+    async def audit_trail(self, team_id: str, tool: str | None = None) -> list[audit.AuditEvent]:
+        async with self._sessions() as db:
+            return list(await audit.recent(db, team_id, tool=tool))
+
+    # -- internals ---------------------------------------------------------------------
+
+    async def _run(
+        self,
+        scope: TurnScope,
+        snapshot_id: str | None,
+        on_text: TextSink | None,
+        start: Callable[[AgentChat[Any]], Any],
+    ) -> AgentResponse[Any]:
+        """Run one Genkit turn in this workspace's scope, streaming text to `on_text`."""
+        agent = self._runtime.agent
+        chat = agent.chat(snapshot_id=snapshot_id) if snapshot_id else agent.chat()
+        with _scoped(scope):
+            turn = start(chat)
+            try:
+                async for chunk in turn.stream:
+                    if on_text is not None and chunk.text:
+                        await on_text(chunk.accumulated_text)
+            finally:
+                response: AgentResponse[Any] = await turn.response
+        return response
+
+    async def _pause(
+        self,
+        db: Any,
+        conv: Conversation,
+        thread: Thread,
+        requester: str,
+        out: AgentResponse[Any],
+    ) -> tuple[ApprovalInfo, ...]:
+        """Persist a turn that stopped on interrupts: one approval per interrupt."""
+        now = self._clock()
+        turn = Turn(
+            id=self._new_id(),
+            team_id=thread.team_id,
+            conversation_id=conv.id,
+            session_id=out.session_id or "",
+            snapshot_id=out.snapshot_id or "",
+            state=TurnState.WAITING,
+            attempts=0,
+            created_at=now,
+            updated_at=now,
+        )
+        db.add(turn)
+        await db.flush()  # approvals reference it
+        whys = {
+            p.tool_request.ref: interrupt_why(p)
+            for p in (out.message.content if out.message else [])
+            if p.tool_request is not None
+        }
+        rows = []
+        for intr in out.interrupts:
+            policy = await self._policies.get(thread.team_id, intr.name)
+            row = Approval(
+                id=self._new_id(),
+                team_id=thread.team_id,
+                turn_id=turn.id,
+                tool=intr.name,
+                ref=intr.ref or "",
+                input=intr.input if isinstance(intr.input, dict) else {"value": intr.input},
+                requester=requester,
+                requested_at=now,
+                expires_at=now + policy.timeout,
+                why=whys.get(intr.ref) or policy.why,
+                status=ApprovalStatus.PENDING,
+                execution=Execution.NOT_STARTED,
+                card_channel=policy.channel,
+            )
+            db.add(row)
+            audit.record(
+                db,
+                team_id=thread.team_id,
+                at=now,
+                actor=requester,
+                action="requested",
+                tool=intr.name,
+                approval_id=row.id,
+                input=row.input,
+                why=row.why,
+            )
+            rows.append(row)
+        await db.flush()
+        return tuple([await self._info(db, r, thread) for r in rows])
+
+    async def _resume_failed(self, turn: Turn, conv: Conversation, thread: Thread) -> Resumed:
+        """Leave the turn for the sweep to retry, or give up after a few attempts."""
+        now = self._clock()
+        retrying = turn.attempts < MAX_RESUME_ATTEMPTS
+        async with self._sessions.begin() as db:
+            if retrying:
+                await approvals.extend_lease(
+                    db, turn.id, attempt=turn.attempts, until=now + RETRY_DELAY
+                )
+            else:
+                await approvals.finish_turn(
+                    db, turn.id, attempt=turn.attempts, state=TurnState.FAILED, now=now
+                )
+                # The thread continues from before the failed turn, not from its dangling calls.
+                await approvals.release_conversation(db, conv.id, snapshot_id=None)
+            settled = await self._infos(db, turn.id, thread)
+        return Resumed(Failed(thread, retrying=retrying), settled)
+
+    async def _keep_lease(self, turn: Turn) -> None:
+        while True:
+            await asyncio.sleep(self._lease.total_seconds() / 3)
+            async with self._sessions.begin() as db:
+                until = self._clock() + self._lease
+                if not await approvals.extend_lease(
+                    db, turn.id, attempt=turn.attempts, until=until
+                ):
+                    return
+
+    async def _infos(self, db: Any, turn_id: str, thread: Thread) -> tuple[ApprovalInfo, ...]:
+        rows = await approvals.turn_approvals(db, turn_id)
+        return tuple([await self._info(db, r, thread) for r in rows])
+
+    async def _info(self, db: Any, row: Approval, thread: Thread | None = None) -> ApprovalInfo:
+        if thread is None:
+            turn = await db.get_one(Turn, row.turn_id)
+            conv = await db.get_one(Conversation, turn.conversation_id)
+            thread = Thread(conv.team_id, conv.channel_id, conv.thread_ts)
+        return ApprovalInfo(
+            id=row.id,
+            thread=thread,
+            tool=row.tool,
+            description=self._runtime.tools.get(row.tool, ""),
+            input=dict(row.input),
+            requester=row.requester,
+            requested_at=row.requested_at,
+            expires_at=row.expires_at,
+            why=row.why,
+            status=row.status,
+            decided_by=row.decided_by,
+            decided_at=row.decided_at,
+            reason=row.reason,
+            execution=row.execution,
+            card_channel=row.card_channel,
+            card_ts=row.card_ts,
+        )
+
+
+def resume_parts(rows: Sequence[Approval]) -> tuple[list[Part], list[Part]]:
+    """One resume answering every interrupt of the turn, built from the stored requests only.
+
+    A call that already ran (or died running) is answered with its record, never restarted.
+    """
+    respond: list[Part] = []
+    restart: list[Part] = []
+    for row in rows:
+        intr: AgentInterrupt[Any, Any] = AgentInterrupt(row.tool, row.ref or None, row.input)
+        if row.status == ApprovalStatus.APPROVED:
+            if row.execution == Execution.FINISHED:
+                respond.append(intr.respond(row.output))
+            elif row.execution == Execution.STARTED:
+                respond.append(intr.respond(UNKNOWN_OUTCOME))
+            else:
+                meta = {"tool_approved": True, "approval_id": row.id, "approved_by": row.decided_by}
+                restart.append(intr.restart(resumed_metadata=meta))
+        elif row.status == ApprovalStatus.DENIED:
+            error = f"denied by {row.decided_by}" + (f": {row.reason}" if row.reason else "")
+            respond.append(intr.respond({"ok": False, "error": error}))
+        elif row.status == ApprovalStatus.EXPIRED:
+            respond.append(intr.respond({"ok": False, "error": "approval expired"}))
+        else:
+            raise ValueError(f"approval {row.id} is still pending; the turn is not ready")
+    return respond, restart
+
+
+@contextlib.contextmanager
+def _scoped(scope: TurnScope) -> Iterator[None]:
+    token = current_scope.set(scope)
+    team_token = current_team.set(scope.team_id)
+    try:
+        yield
+    finally:
+        current_team.reset(team_token)
+        current_scope.reset(token)

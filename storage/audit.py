@@ -1,0 +1,46 @@
+"""The append-only audit trail: rows are added, never changed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from storage.models import AuditEvent
+
+
+def record(
+    db: AsyncSession,
+    *,
+    team_id: str,
+    at: datetime,
+    actor: str,
+    action: str,
+    tool: str | None = None,
+    approval_id: str | None = None,
+    **detail: Any,
+) -> None:
+    db.add(
+        AuditEvent(
+            team_id=team_id,
+            at=at,
+            actor=actor,
+            action=action,
+            tool=tool,
+            approval_id=approval_id,
+            detail=detail,
+        )
+    )
+
+
+async def recent(
+    db: AsyncSession, team_id: str, *, tool: str | None = None, limit: int = 20
+) -> Sequence[AuditEvent]:
+    query = select(AuditEvent).where(AuditEvent.team_id == team_id)
+    if tool is not None:
+        query = query.where(AuditEvent.tool == tool)
+    query = query.order_by(AuditEvent.at.desc(), AuditEvent.id.desc()).limit(limit)
+    return (await db.execute(query)).scalars().all()

@@ -1,0 +1,74 @@
+"""A real workflow on the test PostgreSQL with a scripted model and ledger-keeping tools."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from agent.assemble import build_workflow, new_uuid
+from agent.policy import ApproverFacts, PolicyDefaults
+from agent.runtime import AgentConfig
+from agent.workflow import Thread, Workflow
+from storage.db import SessionFactory
+from tests import ledger_tools
+from tests.fakes.scripted_model import ScriptedModel
+
+IN_CHANNEL = ApproverFacts(in_channel=True)
+
+
+@dataclass
+class Clock:
+    """A clock the test moves by hand (expiry, leases)."""
+
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, **delta: float) -> None:
+        self.now += timedelta(**delta)
+
+
+@dataclass
+class Harness:
+    workflow: Workflow
+    model: ScriptedModel
+    clock: Clock
+    team: str
+    make: Callable[[], Workflow]
+
+    def thread(self, ts: str = "1700000000.000100") -> Thread:
+        return Thread(self.team, "D0TEST", ts)
+
+    @staticmethod
+    def ledger() -> list[dict[str, object]]:
+        return ledger_tools.entries()
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv("GREENLIGHT_TEST_LEDGER", str(path))
+    return path
+
+
+@pytest.fixture
+def h(pg_sessions: SessionFactory, team: str, ledger: Path) -> Harness:
+    model = ScriptedModel()
+    clock = Clock()
+
+    def make() -> Workflow:
+        return build_workflow(
+            pg_sessions,
+            AgentConfig(model="scripted", tool_modules=("tests.ledger_tools",)),
+            defaults=PolicyDefaults(channel="C0APPROVE"),
+            clock=clock,
+            new_id=new_uuid,
+            setup=model.register,
+        )
+
+    return Harness(workflow=make(), model=model, clock=clock, team=team, make=make)

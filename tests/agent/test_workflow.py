@@ -1,0 +1,207 @@
+"""The approval workflow end to end on PostgreSQL, with a scripted model and real Genkit."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from genkit.model import ModelRequest, ModelResponse
+
+from agent.policy import ApproverFacts
+from agent.workflow import AwaitingApproval, Busy, DecisionRefused, Reply
+from storage.models import ApprovalStatus, Execution
+from tests.agent.conftest import IN_CHANNEL, Harness
+from tests.fakes.scripted_model import calls, text, tool_responses
+
+TRANSFER = {"amount": 500, "toAccount": "12345"}
+
+
+def answer_with_tool_results(request: ModelRequest) -> ModelResponse:
+    return text("results: " + repr(tool_responses(request)))
+
+
+async def test_approve_runs_the_tool_once_with_the_requested_input(h: Harness) -> None:
+    h.model.script(calls(("transferMoney", TRANSFER)), answer_with_tool_results)
+    out = await h.workflow.start_turn(h.thread(), "U_EMP", "send 500 to 12345")
+    assert isinstance(out, AwaitingApproval)
+    [approval] = out.approvals
+    assert (approval.tool, approval.input, approval.requester) == (
+        "transferMoney",
+        TRANSFER,
+        "U_EMP",
+    )
+    assert approval.card_channel == "C0APPROVE" and "allow-list" in approval.why
+    assert h.ledger() == []
+
+    decided = await h.workflow.decide(h.team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL)
+    assert decided.turn_ready and decided.approval.status == ApprovalStatus.APPROVED
+    resumed = await h.workflow.continue_turn(decided.turn_id)
+    assert resumed is not None and isinstance(resumed.outcome, Reply)
+    assert "'success': True" in resumed.outcome.text
+    [entry] = h.ledger()
+    assert (entry["amount"], entry["to"], entry["key"]) == (500, "12345", approval.id)
+    assert resumed.settled[0].execution == Execution.FINISHED
+    assert await h.workflow.continue_turn(decided.turn_id) is None  # nothing left to resume
+
+
+async def test_deny_never_runs_the_tool_and_the_model_gets_the_reason(h: Harness) -> None:
+    h.model.script(calls(("transferMoney", TRANSFER)), answer_with_tool_results)
+    out = await h.workflow.start_turn(h.thread(), "U_EMP", "send 500")
+    assert isinstance(out, AwaitingApproval)
+    decided = await h.workflow.decide(
+        h.team,
+        out.approvals[0].id,
+        "U_BOSS",
+        approve=False,
+        reason="not this month",
+        facts=IN_CHANNEL,
+    )
+    resumed = await h.workflow.continue_turn(decided.turn_id)
+    assert resumed is not None and isinstance(resumed.outcome, Reply)
+    [response] = tool_responses(h.model.requests[-1])
+    assert response["output"] == {"ok": False, "error": "denied by U_BOSS: not this month"}
+    assert h.ledger() == []
+
+
+async def test_two_interrupts_resume_together_once_both_are_decided(h: Harness) -> None:
+    h.model.script(
+        calls(("transferMoney", TRANSFER), ("transferMoney", {"amount": 7, "toAccount": "99"})),
+        answer_with_tool_results,
+    )
+    out = await h.workflow.start_turn(h.thread(), "U_EMP", "two transfers")
+    assert isinstance(out, AwaitingApproval) and len(out.approvals) == 2
+    first, second = out.approvals
+    assert first.id != second.id and len({a.id for a in out.approvals}) == 2
+
+    d1 = await h.workflow.decide(h.team, first.id, "U_BOSS", approve=True, facts=IN_CHANNEL)
+    assert not d1.turn_ready
+    assert await h.workflow.continue_turn(d1.turn_id) is None  # never before every decision
+    assert h.ledger() == []
+    d2 = await h.workflow.decide(h.team, second.id, "U_BOSS", approve=False, facts=IN_CHANNEL)
+    assert d2.turn_ready
+    resumed = await h.workflow.continue_turn(d2.turn_id)
+    assert resumed is not None and isinstance(resumed.outcome, Reply)
+    assert [e["to"] for e in h.ledger()] == ["12345"]
+    outputs = {r["ref"]: r["output"] for r in tool_responses(h.model.requests[-1])}
+    assert len(outputs) == 2
+    assert {"ok": False, "error": "denied by U_BOSS"} in outputs.values()
+
+
+async def test_same_tool_twice_without_refs_gets_unique_refs(h: Harness) -> None:
+    h.model.script(
+        calls(("transferMoney", TRANSFER), ("transferMoney", TRANSFER)), answer_with_tool_results
+    )
+    out = await h.workflow.start_turn(h.thread(), "U_EMP", "twice")
+    assert isinstance(out, AwaitingApproval) and len(out.approvals) == 2
+    for a in out.approvals:
+        d = await h.workflow.decide(h.team, a.id, "U_BOSS", approve=True, facts=IN_CHANNEL)
+    resumed = await h.workflow.continue_turn(d.turn_id)
+    assert resumed is not None and isinstance(resumed.outcome, Reply)
+    assert sorted(str(e["key"]) for e in h.ledger()) == sorted(a.id for a in out.approvals)
+
+
+async def test_allowed_tool_runs_without_approval_and_policy_changes_apply_live(h: Harness) -> None:
+    await h.workflow.policies.change(h.team, "getBalance", by="U_ADMIN", allowed=True)
+    h.model.script(calls(("getBalance", {"account": "1"})), answer_with_tool_results)
+    out = await h.workflow.start_turn(h.thread("1.1"), "U_EMP", "balance?")
+    assert isinstance(out, Reply) and "balance" in out.text
+    assert [e["tool"] for e in h.ledger()] == ["getBalance"]
+
+    await h.workflow.policies.change(h.team, "getBalance", by="U_ADMIN", allowed=False)
+    h.model.script(calls(("getBalance", {"account": "2"})))
+    out = await h.workflow.start_turn(h.thread("1.1"), "U_EMP", "again")
+    assert isinstance(out, AwaitingApproval)
+    assert len(h.ledger()) == 1
+
+
+async def test_chained_interrupts_in_one_turn(h: Harness) -> None:
+    h.model.script(
+        calls(("transferMoney", TRANSFER)),
+        calls(("transferMoney", {"amount": 1, "toAccount": "fee"})),
+        answer_with_tool_results,
+    )
+    out = await h.workflow.start_turn(h.thread(), "U_EMP", "transfer and pay the fee")
+    assert isinstance(out, AwaitingApproval)
+    d = await h.workflow.decide(
+        h.team, out.approvals[0].id, "U_BOSS", approve=True, facts=IN_CHANNEL
+    )
+    resumed = await h.workflow.continue_turn(d.turn_id)
+    assert resumed is not None and isinstance(resumed.outcome, AwaitingApproval)
+    [second] = resumed.outcome.approvals
+    assert second.input == {"amount": 1, "toAccount": "fee"}
+    d2 = await h.workflow.decide(h.team, second.id, "U_BOSS", approve=True, facts=IN_CHANNEL)
+    final = await h.workflow.continue_turn(d2.turn_id)
+    assert final is not None and isinstance(final.outcome, Reply)
+    assert [e["to"] for e in h.ledger()] == ["12345", "fee"]
+
+
+async def test_self_approval_and_non_approvers_are_refused(h: Harness) -> None:
+    await h.workflow.policies.change(
+        h.team, "transferMoney", by="U_ADMIN", approver_users=["U_CFO"], approver_groups=["S_FIN"]
+    )
+    h.model.script(calls(("transferMoney", TRANSFER)))
+    out = await h.workflow.start_turn(h.thread(), "U_EMP", "send")
+    assert isinstance(out, AwaitingApproval)
+    aid = out.approvals[0].id
+    with pytest.raises(DecisionRefused) as self_approval:
+        await h.workflow.decide(h.team, aid, "U_EMP", approve=True, facts=IN_CHANNEL)
+    assert self_approval.value.reason == "self_approval"
+    with pytest.raises(DecisionRefused) as outsider:
+        await h.workflow.decide(h.team, aid, "U_RANDOM", approve=True, facts=IN_CHANNEL)
+    assert outsider.value.reason == "not_an_approver"
+    info = await h.workflow.approval(h.team, aid)
+    assert info is not None and info.status == ApprovalStatus.PENDING
+    member = ApproverFacts(groups=frozenset({"S_FIN"}))
+    assert (await h.workflow.decide(h.team, aid, "U_FIN", approve=False, facts=member)).turn_ready
+
+
+async def test_fifty_concurrent_approvals_execute_once(h: Harness) -> None:
+    h.model.script(calls(("transferMoney", TRANSFER)), answer_with_tool_results)
+    out = await h.workflow.start_turn(h.thread(), "U_EMP", "send")
+    assert isinstance(out, AwaitingApproval)
+    aid = out.approvals[0].id
+
+    async def click(i: int) -> str:
+        try:
+            d = await h.workflow.decide(h.team, aid, f"U_APP{i}", approve=True, facts=IN_CHANNEL)
+        except DecisionRefused as exc:
+            assert exc.reason == "already_decided" and exc.approval is not None
+            return f"told:{exc.approval.decided_by}"
+        resumed = await h.workflow.continue_turn(d.turn_id)
+        assert resumed is not None
+        return f"won:U_APP{i}"
+
+    results = await asyncio.gather(*(click(i) for i in range(50)))
+    winners = [r for r in results if r.startswith("won:")]
+    assert len(winners) == 1
+    assert all(r == "told:" + winners[0][4:] for r in results if r.startswith("told:"))
+    assert len(h.ledger()) == 1
+
+
+async def test_expiry_denies_and_resumes(h: Harness) -> None:
+    h.model.script(calls(("transferMoney", TRANSFER)), answer_with_tool_results)
+    out = await h.workflow.start_turn(h.thread(), "U_EMP", "send")
+    assert isinstance(out, AwaitingApproval)
+    report = await h.workflow.sweep(h.team)
+    assert out.approvals[0].id not in {a.id for a in report.expired}
+    h.clock.advance(hours=25)
+    report = await h.workflow.sweep(h.team)
+    assert [a.id for a in report.expired] == [out.approvals[0].id]
+    [resumed] = report.resumed
+    assert isinstance(resumed.outcome, Reply)
+    [response] = tool_responses(h.model.requests[-1])
+    assert response["output"] == {"ok": False, "error": "approval expired"}
+    assert h.ledger() == []
+    with pytest.raises(DecisionRefused):
+        await h.workflow.decide(
+            h.team, out.approvals[0].id, "U_BOSS", approve=True, facts=IN_CHANNEL
+        )
+
+
+async def test_a_waiting_thread_reports_busy_and_runs_nothing(h: Harness) -> None:
+    h.model.script(calls(("transferMoney", TRANSFER)))
+    out = await h.workflow.start_turn(h.thread(), "U_EMP", "send")
+    assert isinstance(out, AwaitingApproval)
+    again = await h.workflow.start_turn(h.thread(), "U_EMP", "hello?")
+    assert isinstance(again, Busy) and [a.id for a in again.waiting_on] == [out.approvals[0].id]
+    assert len(h.model.requests) == 1
