@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -19,13 +19,14 @@ from genkit import Part
 from genkit.exp import AgentChat, AgentFinishReason, AgentInterrupt, AgentResponse
 
 from agent.approval import UNKNOWN_OUTCOME, TurnScope, current_scope, interrupt_why
-from agent.policy import ApproverFacts, PolicyService, refusal
+from agent.policy import ApproverFacts, Policy, PolicyService, refusal
 from agent.runtime import AgentRuntime
 from storage import approvals, audit
 from storage.db import SessionFactory
 from storage.models import (
     Approval,
     ApprovalStatus,
+    AuditEvent,
     Conversation,
     Execution,
     Turn,
@@ -54,6 +55,7 @@ class ApprovalInfo:
     """Everything a card needs about one approval, as recorded."""
 
     id: str
+    turn_id: str
     thread: Thread
     tool: str
     description: str
@@ -192,8 +194,9 @@ class Workflow:
                 await approvals.release_conversation(db, conv.id, snapshot_id=None)
             return Failed(thread)
         if out.finish_reason == AgentFinishReason.INTERRUPTED:
+            policies = await self._interrupt_policies(thread.team_id, out)
             async with self._sessions.begin() as db:
-                infos = await self._pause(db, conv, thread, requester, out)
+                infos = await self._pause(db, conv, thread, requester, out, policies)
                 await approvals.release_conversation(db, conv.id, snapshot_id=None)
             return AwaitingApproval(thread, infos)
         async with self._sessions.begin() as db:
@@ -226,6 +229,7 @@ class Workflow:
             return await self._resume_failed(turn, conv, thread)
         finally:
             heartbeat.cancel()
+        policies = await self._interrupt_policies(thread.team_id, out)
         async with self._sessions.begin() as db:
             final = TurnState.DONE
             if not await approvals.finish_turn(
@@ -235,12 +239,29 @@ class Workflow:
                 return None
             settled = await self._infos(db, turn.id, thread)
             if out.finish_reason == AgentFinishReason.INTERRUPTED:
-                infos = await self._pause(db, conv, thread, requester, out)
+                infos = await self._pause(db, conv, thread, requester, out, policies)
                 return Resumed(AwaitingApproval(thread, infos), settled)
             await approvals.release_conversation(db, conv.id, snapshot_id=out.snapshot_id)
             return Resumed(Reply(thread, out.text), settled)
 
     # -- decisions ---------------------------------------------------------------------
+
+    async def check_decider(
+        self, team_id: str, approval_id: str, approver: str, facts: ApproverFacts
+    ) -> ApprovalInfo:
+        """The approval, if `approver` may decide it now; else DecisionRefused saying why."""
+        async with self._sessions() as db:
+            row = await approvals.get_approval(db, team_id, approval_id)
+            if row is None:
+                raise DecisionRefused("not_found")
+            info = await self._info(db, row)
+        if info.status != ApprovalStatus.PENDING:
+            raise DecisionRefused("already_decided", info)
+        policy = await self._policies.get(team_id, info.tool)
+        why = refusal(policy, requester=info.requester, approver=approver, facts=facts)
+        if why is not None:
+            raise DecisionRefused(why, info)
+        return info
 
     async def decide(
         self,
@@ -253,19 +274,8 @@ class Workflow:
         facts: ApproverFacts | None = None,
     ) -> Decided:
         """Record one decision, atomically; raises DecisionRefused and changes nothing else."""
+        info = await self.check_decider(team_id, approval_id, approver, facts or ApproverFacts())
         now = self._clock()
-        async with self._sessions() as db:
-            row = await approvals.get_approval(db, team_id, approval_id)
-            if row is None:
-                raise DecisionRefused("not_found")
-            info = await self._info(db, row)
-        if row.status != ApprovalStatus.PENDING:
-            raise DecisionRefused("already_decided", info)
-        policy = await self._policies.get(team_id, row.tool)
-        facts = facts or ApproverFacts()
-        why = refusal(policy, requester=row.requester, approver=approver, facts=facts)
-        if why is not None:
-            raise DecisionRefused(why, info)
         status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
         async with self._sessions.begin() as db:
             won = await approvals.record_decision(
@@ -278,9 +288,9 @@ class Workflow:
                     at=now,
                     actor=approver,
                     action=status.value,
-                    tool=row.tool,
+                    tool=info.tool,
                     approval_id=approval_id,
-                    input=row.input,
+                    input=info.input,
                     reason=reason,
                 )
             fresh = await approvals.get_approval(db, team_id, approval_id)
@@ -288,9 +298,9 @@ class Workflow:
             info = await self._info(db, fresh, info.thread)
             if not won:
                 raise DecisionRefused("already_decided", info)
-            siblings = await approvals.turn_approvals(db, row.turn_id)
+            siblings = await approvals.turn_approvals(db, info.turn_id)
         ready = all(a.status != ApprovalStatus.PENDING for a in siblings)
-        return Decided(info, row.turn_id, ready)
+        return Decided(info, info.turn_id, ready)
 
     # -- maintenance -------------------------------------------------------------------
 
@@ -322,6 +332,11 @@ class Workflow:
         resumed = [r for t in turn_ids if (r := await self.continue_turn(t)) is not None]
         return SweepReport(tuple(expired), tuple(resumed))
 
+    async def knows(self, thread: Thread) -> bool:
+        """Whether this thread already is a conversation (so replies in it continue it)."""
+        async with self._sessions() as db:
+            return await approvals.find_conversation(db, *astuple(thread)) is not None
+
     async def approval(self, team_id: str, approval_id: str) -> ApprovalInfo | None:
         async with self._sessions() as db:
             row = await approvals.get_approval(db, team_id, approval_id)
@@ -335,7 +350,7 @@ class Workflow:
         async with self._sessions.begin() as db:
             await approvals.set_card(db, approval_id, channel=channel, ts=ts)
 
-    async def audit_trail(self, team_id: str, tool: str | None = None) -> list[audit.AuditEvent]:
+    async def audit_trail(self, team_id: str, tool: str | None = None) -> list[AuditEvent]:
         async with self._sessions() as db:
             return list(await audit.recent(db, team_id, tool=tool))
 
@@ -368,6 +383,7 @@ class Workflow:
         thread: Thread,
         requester: str,
         out: AgentResponse[Any],
+        policies: dict[str, Policy],
     ) -> tuple[ApprovalInfo, ...]:
         """Persist a turn that stopped on interrupts: one approval per interrupt."""
         now = self._clock()
@@ -391,7 +407,7 @@ class Workflow:
         }
         rows = []
         for intr in out.interrupts:
-            policy = await self._policies.get(thread.team_id, intr.name)
+            policy = policies[intr.name]
             row = Approval(
                 id=self._new_id(),
                 team_id=thread.team_id,
@@ -422,6 +438,10 @@ class Workflow:
             rows.append(row)
         await db.flush()
         return tuple([await self._info(db, r, thread) for r in rows])
+
+    async def _interrupt_policies(self, team_id: str, out: AgentResponse[Any]) -> dict[str, Policy]:
+        """Read before a write transaction opens (SQLite allows one writer, even to us)."""
+        return {i.name: await self._policies.get(team_id, i.name) for i in out.interrupts}
 
     async def _resume_failed(self, turn: Turn, conv: Conversation, thread: Thread) -> Resumed:
         """Leave the turn for the sweep to retry, or give up after a few attempts."""
@@ -462,6 +482,7 @@ class Workflow:
             thread = Thread(conv.team_id, conv.channel_id, conv.thread_ts)
         return ApprovalInfo(
             id=row.id,
+            turn_id=row.turn_id,
             thread=thread,
             tool=row.tool,
             description=self._runtime.tools.get(row.tool, ""),

@@ -18,7 +18,6 @@ DEFAULT_MODEL = "googleai/gemini-flash-latest"
 DEFAULT_TOOLS = "agent.example_tools"
 
 _SLACK_ID = re.compile(r"^[A-Z0-9]{2,}$")
-_SLACK_SECRETS = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN")
 
 
 def _split_csv(value: object) -> object:
@@ -142,8 +141,15 @@ def load_settings(*, serving: bool) -> Settings:
             problems.append(f"{name}: {message}")
         if serving:
             # Report missing tokens too, so one run names everything to fix.
-            present = {k: SecretStr("set") for k in _SLACK_SECRETS if os.environ.get(k)}
-            problems += Settings.model_construct(**present).serving_problems()
+            def given(name: str) -> SecretStr | None:
+                return SecretStr("set") if os.environ.get(name) else None
+
+            probe = Settings.model_construct(
+                SLACK_BOT_TOKEN=given("SLACK_BOT_TOKEN"),
+                SLACK_SIGNING_SECRET=given("SLACK_SIGNING_SECRET"),
+                SLACK_APP_TOKEN=given("SLACK_APP_TOKEN"),
+            )
+            problems += probe.serving_problems()
         raise ConfigError(problems) from None
     if serving and (problems := settings.serving_problems()):
         raise ConfigError(problems)

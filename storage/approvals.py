@@ -19,16 +19,22 @@ from storage.models import Approval, ApprovalStatus, Conversation, Execution, Tu
 OPEN_TURN_STATES = (TurnState.WAITING, TurnState.RESUMING)
 
 
-async def get_or_create_conversation(
-    db: AsyncSession, *, new_id: str, team_id: str, channel_id: str, thread_ts: str, now: datetime
-) -> Conversation:
-    """The conversation bound to a Slack thread; concurrent first messages share one row."""
+async def find_conversation(
+    db: AsyncSession, team_id: str, channel_id: str, thread_ts: str
+) -> Conversation | None:
     query = select(Conversation).where(
         Conversation.team_id == team_id,
         Conversation.channel_id == channel_id,
         Conversation.thread_ts == thread_ts,
     )
-    found = (await db.execute(query)).scalar_one_or_none()
+    return (await db.execute(query)).scalar_one_or_none()
+
+
+async def get_or_create_conversation(
+    db: AsyncSession, *, new_id: str, team_id: str, channel_id: str, thread_ts: str, now: datetime
+) -> Conversation:
+    """The conversation bound to a Slack thread; concurrent first messages share one row."""
+    found = await find_conversation(db, team_id, channel_id, thread_ts)
     if found is not None:
         return found
     row = Conversation(
@@ -38,7 +44,9 @@ async def get_or_create_conversation(
         async with db.begin_nested():
             db.add(row)
     except IntegrityError:
-        return (await db.execute(query)).scalar_one()
+        existing = await find_conversation(db, team_id, channel_id, thread_ts)
+        assert existing is not None
+        return existing
     return row
 
 

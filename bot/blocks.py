@@ -1,0 +1,360 @@
+"""Slack messages as data: pure functions from workflow facts to Block Kit payloads.
+
+Everything untrusted (tool input, model output, user text, reasons) is escaped so it can never
+ping (`<!channel>`, `<@U…>`) or forge links, and clipped so Slack never rejects a message for
+length. Only ids that look like Slack ids become mentions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from agent.workflow import ApprovalInfo
+from storage.models import ApprovalStatus, Execution
+
+if TYPE_CHECKING:
+    from agent.workflow import Busy
+
+Block = dict[str, Any]
+Message = dict[str, Any]
+
+SECTION_MAX = 3000
+FIELDS_MAX = 10
+HEADER_MAX = 150
+KEY_MAX = 100  # a field is KEY_MAX + VALUE_MAX + 4 chars, well under Slack's 2000
+VALUE_MAX = 300  # enough to read at a glance; the full JSON follows when a value is longer
+REPLY_MAX = 39000
+ELLIPSIS = "…"
+UNKNOWN_OUTCOME = (
+    "⚠️ Outcome unknown: the call started but its result was never recorded. "
+    "It was not run again — check whether it took effect."
+)
+
+_USER = re.compile(r"[UW][A-Z0-9]{1,30}")
+_CHANNEL = re.compile(r"[CG][A-Z0-9]{1,30}")
+_URL = re.compile(r"https://[^\s<>|]{1,500}")
+
+
+def escape(text: str) -> str:
+    """Neutralise Slack's control characters; mentions and links then render as plain text."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _clip(escaped: str, limit: int) -> str:
+    """Shorten already-escaped text to `limit` chars without cutting an `&amp;` in half."""
+    if len(escaped) <= limit:
+        return escaped
+    cut = escaped[: limit - len(ELLIPSIS)]
+    amp = cut.rfind("&", max(0, len(cut) - 4))
+    if amp != -1 and ";" not in cut[amp:]:
+        cut = cut[:amp]
+    return cut + ELLIPSIS
+
+
+def _fit(raw: str, limit: int) -> tuple[str, bool]:
+    """Escape and clip; cheap on huge input because escaping never shortens text."""
+    out = escape(raw[: limit + 1])
+    return _clip(out, limit), len(out) > limit
+
+
+def _json_head(value: Any, limit: int, indent: int | None = None) -> str:
+    """The first `limit`+ chars of `value` as JSON, without serialising all of a huge value."""
+    enc = json.JSONEncoder(indent=indent, ensure_ascii=False, default=str)
+    parts: list[str] = []
+    size = 0
+    for chunk in enc.iterencode(value):
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            break
+    return "".join(parts)
+
+
+def _show(value: Any, limit: int) -> str:
+    """A value as a person reads it: strings bare, everything else as compact JSON."""
+    return value[: limit + 1] if isinstance(value, str) else _json_head(value, limit)
+
+
+def _no_fence(text: str) -> str:
+    """Keep untrusted text from closing our ``` code block early."""
+    return text.replace("```", "``\u200b`")
+
+
+def mention(user_id: str | None) -> str:
+    """A user mention for real Slack ids only; anything else is shown as escaped text."""
+    if not user_id:
+        return "someone"
+    return f"<@{user_id}>" if _USER.fullmatch(user_id) else escape(user_id)
+
+
+def _channel(channel_id: str | None) -> str:
+    if channel_id and _CHANNEL.fullmatch(channel_id):
+        return f"<#{channel_id}>"
+    return "the approvals channel"
+
+
+def _link(url: str | None, label: str) -> str:
+    return f"<{url.replace('&', '&amp;')}|{label}>" if url and _URL.fullmatch(url) else ""
+
+
+def _utc(dt: datetime) -> datetime:
+    return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
+
+
+def date(dt: datetime) -> str:
+    """Slack shows this in each reader's own time zone; the fallback is UTC."""
+    u = _utc(dt)
+    fallback = u.strftime("%Y-%m-%dT%H:%MZ")
+    return f"<!date^{int(u.timestamp())}^{{date_short_pretty}} at {{time}}|{fallback}>"
+
+
+def _code(text: str) -> str:
+    """Inline code for a tool name (never contains a backtick or control character)."""
+    return "`" + _fit(text.replace("`", "'"), KEY_MAX)[0] + "`"
+
+
+def _section(text: str) -> Block:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": _clip(text, SECTION_MAX)}}
+
+
+def _context(text: str) -> Block:
+    return {"type": "context", "elements": [{"type": "mrkdwn", "text": _clip(text, SECTION_MAX)}]}
+
+
+def _input_fields(data: Mapping[str, Any]) -> tuple[list[Block], bool]:
+    """One field per top-level key (at most 10); True when anything had to be shortened."""
+    items = list(data.items())
+    shown = items if len(items) <= FIELDS_MAX else items[: FIELDS_MAX - 1]
+    fields: list[Block] = []
+    shortened = len(shown) < len(items)
+    for key, value in shown:
+        k, k_cut = _fit(str(key), KEY_MAX)
+        v, v_cut = _fit(_show(value, VALUE_MAX), VALUE_MAX)
+        shortened = shortened or k_cut or v_cut
+        fields.append({"type": "mrkdwn", "text": f"*{k}*\n{v or ' '}"})
+    if len(shown) < len(items):
+        fields.append({"type": "mrkdwn", "text": f"_…and {len(items) - len(shown)} more keys_"})
+    return fields, shortened
+
+
+def _full_input(data: Mapping[str, Any]) -> Block:
+    """The whole input as JSON, for when the fields had to leave something out."""
+    head, tail, note = "*Full input*\n```\n", "\n```", "\n_(truncated: too long to show here)_"
+    body = _no_fence(escape(_json_head(dict(data), SECTION_MAX, indent=2)[: SECTION_MAX + 1]))
+    budget = SECTION_MAX - len(head) - len(tail)
+    if len(body) <= budget:
+        return _section(head + body + tail)
+    return _section(head + _clip(body, budget - len(note)) + tail + note)
+
+
+def decision_text(a: ApprovalInfo) -> str:
+    """The card's closing line once the request is no longer pending."""
+    when = date(a.decided_at) if a.decided_at else "an unknown time"
+    if a.status == ApprovalStatus.APPROVED:
+        line = f"✅ Approved by {mention(a.decided_by)} at {when}"
+        if a.execution == Execution.FINISHED:
+            line += "\nRan."
+        elif a.outcome_unknown:
+            line += "\n" + UNKNOWN_OUTCOME
+        return line
+    if a.status == ApprovalStatus.DENIED:
+        reason = f": {_fit(a.reason, 1000)[0]}" if a.reason else ""
+        return f"❌ Denied by {mention(a.decided_by)} at {when}{reason}"
+    return f"⌛ Expired at {when} — the request was denied automatically"
+
+
+def approval_card(a: ApprovalInfo, *, thread_link: str | None, now: datetime) -> Message:
+    """The approvers' card: what, who, why, until when; buttons only while still pending."""
+    pending = a.status == ApprovalStatus.PENDING
+    header = _fit(f"Approval needed: {a.tool}", HEADER_MAX)[0]
+    who = f"*Requested by* {mention(a.requester)}"
+    if link := _link(thread_link, "View the conversation"):
+        who += f"  ·  {link}"
+    blocks: list[Block] = [
+        {"type": "header", "text": {"type": "plain_text", "text": header}},
+        _section(who + (f"\n{_fit(a.description, 2000)[0]}" if a.description else "")),
+    ]
+    fields, shortened = _input_fields(a.input)
+    blocks.append({"type": "section", "fields": fields} if fields else _section("_No input._"))
+    if shortened:
+        blocks.append(_full_input(a.input))
+    if a.why:
+        blocks.append(_section(f"*Why approval is needed:* {_fit(a.why, 2000)[0]}"))
+    if pending:
+        verb = "Expired" if _utc(now) >= _utc(a.expires_at) else "Expires"
+        blocks.append(_context(f"Requested {date(a.requested_at)}  ·  {verb} {date(a.expires_at)}"))
+        blocks.append(
+            {
+                "type": "actions",
+                "block_id": "approval",
+                "elements": [
+                    _button("Approve", "approve", a.id, "primary"),
+                    _button("Deny", "deny", a.id, "danger"),
+                ],
+            }
+        )
+        text = f"Approval needed: {escape(a.tool)}"
+    else:
+        blocks.append(_section(decision_text(a)))
+        text = f"{a.status.value.capitalize()}: {escape(a.tool)}"
+    return {"text": text, "blocks": blocks}
+
+
+def _button(label: str, action_id: str, value: str, style: str) -> Block:
+    return {
+        "type": "button",
+        "text": {"type": "plain_text", "text": label},
+        "action_id": action_id,
+        "value": value,
+        "style": style,
+    }
+
+
+def _summary(data: Mapping[str, Any], limit: int = 120) -> str:
+    """A one-line taste of the input for the requester, e.g. `to: bob, amount: 12`."""
+    parts = []
+    for key, value in list(data.items())[:5]:
+        v = " ".join(_show(value, 40).split())
+        parts.append(f"{key}: {v if len(v) <= 40 else v[:39] + ELLIPSIS}")
+    return _fit(", ".join(parts) + (", …" if len(data) > 5 else ""), limit)[0]
+
+
+def requester_note(
+    approvals: ApprovalInfo | Sequence[ApprovalInfo],
+    *,
+    card_link: str | None = None,
+    card_links: Sequence[str | None] = (),
+) -> Message:
+    """Tell the requester, in their thread, what the agent waits for and where to look.
+
+    Takes one approval (with `card_link`) or all a turn stopped on (`card_links` in order).
+    """
+    many = [approvals] if isinstance(approvals, ApprovalInfo) else list(approvals)
+    links = [card_link] if isinstance(approvals, ApprovalInfo) else list(card_links)
+    where = " and ".join(dict.fromkeys(_channel(a.card_channel) for a in many[:20]))
+    items = []
+    for i, a in enumerate(many[:20]):
+        url = links[i] if i < len(links) else None
+        summary = f" ({s})" if (s := _summary(a.input)) else ""
+        link = _link(url, "see the request")
+        items.append((f"{_code(a.tool)}{summary}", f" ({link})" if link else ""))
+    if len(items) == 1:
+        (what, link), done = items[0], "I'll continue here once someone decides."
+        return {"text": f"I need approval to run {what}. I've asked in {where}{link} — {done}"}
+    lines = "".join(f"\n• {what}{link}" for what, link in items)
+    more = f"\n…and {len(many) - 20} more" if len(many) > 20 else ""
+    done = "I'll continue here once they're decided."
+    text = f"I need approval for {len(many)} actions:{lines}{more}"
+    return {"text": f"{text}\nI've asked in {where or _channel(None)} — {done}"}
+
+
+def thinking_message() -> Message:
+    """Placeholder posted at once, replaced by the streamed reply."""
+    return {"text": "_Thinking…_"}
+
+
+def reply_message(text: str) -> Message:
+    """The agent's answer; model output is untrusted, so it is escaped like any input."""
+    if not text.strip():
+        return {"text": "_(I have nothing to add.)_"}
+    body, cut = _fit(text, REPLY_MAX)
+    note = "\n\n_(reply shortened: too long for one Slack message)_"
+    return {"text": body + note if cut else body}
+
+
+def busy_message(outcome: Busy) -> Message:
+    """Answer to a message that arrives while the thread is already busy."""
+    if outcome.waiting_on:
+        tools = ", ".join(dict.fromkeys(_code(a.tool) for a in outcome.waiting_on))
+        return {"text": f"Still waiting for approval of {tools} — I'll continue when it's decided."}
+    return {"text": "I'm still working on your previous message."}
+
+
+def failure_message(retrying: bool) -> Message:
+    """Deliberately vague: exception text can leak internals and means nothing to the reader."""
+    then = "I'll retry automatically." if retrying else "Please try again in a moment."
+    return {"text": f"Sorry — something went wrong on my side, so I couldn't finish that. {then}"}
+
+
+def refusal_text(reason: str, a: ApprovalInfo | None) -> str:
+    """Ephemeral answer to a click that changed nothing."""
+    if reason == "self_approval":
+        return "You asked for this, so someone else has to approve it."
+    if reason == "not_an_approver":
+        tool = _code(a.tool) if a else "this tool"
+        return f"You're not one of the approvers for {tool}. Ask someone on its approver list."
+    if reason == "already_decided" and a is not None:
+        when = date(a.decided_at) if a.decided_at else "an earlier time"
+        if a.status == ApprovalStatus.EXPIRED:
+            return f"Already expired at {when}."
+        return f"Already {a.status.value} by {mention(a.decided_by)} at {when}."
+    if reason == "already_decided":
+        return "Someone already decided this request."
+    return "I can't find that approval request any more."
+
+
+def deny_modal(a: ApprovalInfo) -> dict[str, Any]:
+    """Ask for an optional reason; the approval id travels in private_metadata."""
+    return {
+        "type": "modal",
+        "callback_id": "deny_reason",
+        "private_metadata": a.id,
+        "title": {"type": "plain_text", "text": "Deny request"},
+        "submit": {"type": "plain_text", "text": "Deny"},
+        "close": {"type": "plain_text", "text": "Cancel"},
+        "blocks": [
+            _section(f"Deny {_code(a.tool)} requested by {mention(a.requester)}?"),
+            {
+                "type": "input",
+                "block_id": "reason",
+                "optional": True,
+                "label": {"type": "plain_text", "text": "Reason (optional, the agent will see it)"},
+                "element": {
+                    "type": "plain_text_input",
+                    "action_id": "reason",
+                    "multiline": True,
+                    "max_length": 500,
+                },
+            },
+        ],
+    }
+
+
+_DATE = re.compile(r"<!date\^\d+\^[^|>]*\|([^>]*)>")
+_LINK = re.compile(r"<(https?://[^|>]+)\|([^>]*)>")
+_MENTION = re.compile(r"<([@#])([A-Z0-9]+)>")
+
+
+def _plain(text: str) -> str:
+    """Undo Slack markup for a terminal: dates, links, mentions, bold, escapes."""
+    text = _DATE.sub(r"\1", text)
+    text = _LINK.sub(lambda m: f"{m[2]} ({m[1].replace('&amp;', '&')})", text)
+    text = _MENTION.sub(r"\1\2", text)
+    text = re.sub(r"(?<![\w*])\*([^*\n]+)\*(?![\w*])", r"\1", text)
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def card_as_text(card: Mapping[str, Any]) -> str:
+    """A card as a person reads it, for terminals (the offline demo)."""
+    out: list[str] = []
+    for block in card.get("blocks", []):
+        kind = block.get("type")
+        if kind == "header":
+            title = _plain(block["text"]["text"])
+            out += [title, "=" * min(len(title), 60)]
+        elif kind == "section":
+            if "text" in block:
+                out.append(_plain(block["text"]["text"]))
+            out += [_plain(f["text"]).replace("\n", ": ", 1) for f in block.get("fields", [])]
+        elif kind == "context":
+            out.append(" · ".join(_plain(e.get("text", "")) for e in block["elements"]))
+        elif kind == "actions":
+            buttons = [e for e in block["elements"] if e.get("type") == "button"]
+            out.append("  ".join(f"[ {e['text']['text']} ]" for e in buttons))
+        elif kind == "divider":
+            out.append("-" * 40)
+    return "\n".join(out)

@@ -1,0 +1,134 @@
+"""Puts the workflow's outcomes into Slack: replies in threads, cards in approver channels.
+
+Slack failures are logged with detail and never shown raw to anyone; a card or reply that
+cannot be posted leaves the approval in the database, where /approvals pending finds it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from agent.workflow import (
+    ApprovalInfo,
+    AwaitingApproval,
+    Busy,
+    Failed,
+    Reply,
+    Resumed,
+    SweepReport,
+    Thread,
+    TurnOutcome,
+    Workflow,
+)
+from bot import blocks
+
+log = logging.getLogger(__name__)
+
+
+class Delivery:
+    def __init__(self, workflow: Workflow, *, clock: Callable[[], datetime]) -> None:
+        self._workflow = workflow
+        self._clock = clock
+
+    async def outcome(
+        self, client: AsyncWebClient, outcome: TurnOutcome, *, placeholder: str | None = None
+    ) -> None:
+        """Render a turn's outcome into its thread (replacing the placeholder, if any)."""
+        if isinstance(outcome, Reply):
+            message = blocks.reply_message(outcome.text)
+        elif isinstance(outcome, AwaitingApproval):
+            message = await self._post_cards(client, outcome.approvals)
+        elif isinstance(outcome, Busy):
+            message = blocks.busy_message(outcome)
+        else:
+            message = blocks.failure_message(retrying=outcome.retrying)
+        await self.say(client, outcome.thread, message, replace=placeholder)
+
+    async def resumed(self, client: AsyncWebClient, resumed: Resumed) -> None:
+        for approval in resumed.settled:
+            await self.refresh_card(client, approval)
+        if isinstance(resumed.outcome, Failed) and resumed.outcome.retrying:
+            return  # the sweep retries quietly; the thread hears once it is settled
+        await self.outcome(client, resumed.outcome)
+
+    async def sweep(self, client: AsyncWebClient, report: SweepReport) -> None:
+        for approval in report.expired:
+            await self.refresh_card(client, approval)
+        for resumed in report.resumed:
+            await self.resumed(client, resumed)
+
+    async def refresh_card(self, client: AsyncWebClient, approval: ApprovalInfo) -> None:
+        """Redraw a card in place from the recorded state (decided cards lose their buttons)."""
+        if approval.card_channel is None or approval.card_ts is None:
+            return
+        card = blocks.approval_card(
+            approval, thread_link=await self._permalink(client, approval.thread), now=self._clock()
+        )
+        try:
+            await client.chat_update(channel=approval.card_channel, ts=approval.card_ts, **card)
+        except SlackApiError as exc:
+            log.error("could not update card %s: %s", approval.id, exc.response.get("error"))
+
+    async def say(
+        self,
+        client: AsyncWebClient,
+        thread: Thread,
+        message: dict[str, Any],
+        *,
+        replace: str | None = None,
+    ) -> str | None:
+        """Post into the thread (or replace a message in it); returns the message ts."""
+        try:
+            if replace is not None:
+                await client.chat_update(channel=thread.channel_id, ts=replace, **message)
+                return replace
+            response = await client.chat_postMessage(
+                channel=thread.channel_id, thread_ts=thread.thread_ts, **message
+            )
+            return str(response["ts"])
+        except SlackApiError as exc:
+            log.error("could not post to %s: %s", thread.channel_id, exc.response.get("error"))
+            return None
+
+    async def _post_cards(
+        self, client: AsyncWebClient, approvals: Sequence[ApprovalInfo]
+    ) -> dict[str, Any]:
+        """Post one card per approval and return the note for the requester's thread."""
+        links: list[str | None] = []
+        thread_link = await self._permalink(client, approvals[0].thread) if approvals else None
+        for approval in approvals:
+            links.append(await self._post_card(client, approval, thread_link))
+        return blocks.requester_note(list(approvals), card_links=links)
+
+    async def _post_card(
+        self, client: AsyncWebClient, approval: ApprovalInfo, thread_link: str | None
+    ) -> str | None:
+        if approval.card_channel is None:
+            log.error("no approver channel for %s: set APPROVER_CHANNEL or route it", approval.tool)
+            return None
+        card = blocks.approval_card(approval, thread_link=thread_link, now=self._clock())
+        try:
+            posted = await client.chat_postMessage(channel=approval.card_channel, **card)
+        except SlackApiError as exc:
+            log.error("could not post card %s: %s", approval.id, exc.response.get("error"))
+            return None
+        await self._workflow.attach_card(
+            approval.id, channel=approval.card_channel, ts=str(posted["ts"])
+        )
+        return await self._permalink(client, Thread("", approval.card_channel, str(posted["ts"])))
+
+    async def _permalink(self, client: AsyncWebClient, thread: Thread) -> str | None:
+        try:
+            response = await client.chat_getPermalink(
+                channel=thread.channel_id, message_ts=thread.thread_ts
+            )
+        except SlackApiError:
+            return None
+        link = response.get("permalink")
+        return str(link) if link else None

@@ -1,0 +1,117 @@
+"""The whole flow offline: a scripted model, no Slack, SQLite in a temporary file.
+
+It drives the same workflow the bot uses and prints what each person would see.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from genkit import Part, Role
+from genkit.exp import Genkit
+from genkit.model import Message, ModelRequest, ModelResponse
+
+from agent.assemble import build_workflow, utc_now
+from agent.policy import ApproverFacts, PolicyDefaults
+from agent.runtime import AgentConfig
+from agent.workflow import AwaitingApproval, Reply, Thread, TurnOutcome, Workflow
+from bot import blocks
+from storage.db import make_engine, make_session_factory
+from storage.migrate import upgrade
+
+TEAM, EMPLOYEE, APPROVER, CHANNEL = "TDEMO", "UEMPLOYEE", "UAPPROVER", "CAPPROVALS"
+
+
+def scripted_model(ai: Genkit) -> None:
+    """A stand-in for Gemini: asks for the tool the message names, then reports the result."""
+
+    async def model(request: ModelRequest[Any], ctx: Any) -> ModelResponse:
+        last = request.messages[-1]
+        if last.role == Role.TOOL:
+            result = last.content[0].tool_response
+            output = result.output if result else None
+            if isinstance(output, dict) and output.get("ok") is False:
+                reply = f"I couldn't do that: {output.get('error')}."
+            else:
+                reply = f"Done: {output}."
+            return ModelResponse(message=Message(role=Role.MODEL, content=[Part.from_text(reply)]))
+        said = "".join(p.text or "" for p in last.content)
+        if "export" in said.lower():
+            call = Part.from_tool_request(
+                name="exportData", input={"dataset": "customers", "destination": "me@example.com"}
+            )
+        else:
+            call = Part.from_tool_request(
+                name="transferMoney", input={"amount": 500, "toAccount": "12345"}
+            )
+        return ModelResponse(message=Message(role=Role.MODEL, content=[call]))
+
+    ai.define_model(name="demo", fn=model)
+
+
+def show(who: str, text: str) -> None:
+    print(f"\n── {who} " + "─" * max(0, 60 - len(who)))
+    print(text)
+
+
+async def one_request(
+    workflow: Workflow, ts: str, text: str, *, approve: bool, reason: str | None
+) -> None:
+    show(f"{EMPLOYEE} (employee, in a DM)", text)
+    outcome: TurnOutcome = await workflow.start_turn(Thread(TEAM, "DDEMO", ts), EMPLOYEE, text)
+    assert isinstance(outcome, AwaitingApproval), outcome
+    approval = outcome.approvals[0]
+    card = blocks.approval_card(approval, thread_link=None, now=utc_now())
+    show(f"Approval card in #{approval.card_channel}", blocks.card_as_text(card))
+    verb = "Approve" if approve else "Deny" + (f' with reason "{reason}"' if reason else "")
+    show(f"{APPROVER} (approver)", f"clicks {verb}")
+    decided = await workflow.decide(
+        TEAM,
+        approval.id,
+        APPROVER,
+        approve=approve,
+        reason=reason,
+        facts=ApproverFacts(in_channel=True),
+    )
+    show(
+        "Card, updated",
+        blocks.card_as_text(
+            blocks.approval_card(decided.approval, thread_link=None, now=utc_now())
+        ),
+    )
+    resumed = await workflow.continue_turn(decided.turn_id)
+    assert resumed is not None and isinstance(resumed.outcome, Reply), resumed
+    show("Greenlight (reply in the employee's thread)", resumed.outcome.text)
+
+
+async def run_demo() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = make_engine(f"sqlite+aiosqlite:///{Path(tmp) / 'demo.db'}")
+        try:
+            await upgrade(engine)
+            workflow = build_workflow(
+                make_session_factory(engine),
+                AgentConfig(model="demo"),
+                defaults=PolicyDefaults(channel=CHANNEL),
+                setup=scripted_model,
+            )
+            await one_request(
+                workflow,
+                "1.0001",
+                "Please transfer $500 to account 12345 for rent.",
+                approve=True,
+                reason=None,
+            )
+            await one_request(
+                workflow,
+                "1.0002",
+                "Export the customers table to me@example.com.",
+                approve=False,
+                reason="customer data stays in the warehouse",
+            )
+        finally:
+            await engine.dispose()
+    print("\nThat's the whole loop. Run it for real: see the README's Slack app setup.")
+    return 0

@@ -1,0 +1,55 @@
+"""What every listener shares, built once by the application."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from agent.workflow import Workflow
+from bot.delivery import Delivery
+from bot.people import People
+from storage.db import SessionFactory
+
+log = logging.getLogger(__name__)
+
+
+class Background:
+    """Work that runs after Slack's acknowledgement, tracked so shutdown can let it finish."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
+        task = asyncio.create_task(self._guard(coro, name), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _guard(coro: Coroutine[Any, Any, None], name: str) -> None:
+        try:
+            await coro
+        except Exception:
+            log.exception("background work %s failed", name)
+
+    async def drain(self, grace: float) -> int:
+        """Wait for in-flight work; returns how many were cut off (their state is resumable)."""
+        if not self._tasks:
+            return 0
+        _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
+        for task in pending:
+            task.cancel()
+        return len(pending)
+
+
+@dataclass
+class Deps:
+    workflow: Workflow
+    sessions: SessionFactory
+    delivery: Delivery
+    people: People
+    clock: Callable[[], datetime]
+    background: Background = field(default_factory=Background)

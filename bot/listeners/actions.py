@@ -1,0 +1,107 @@
+"""Approve and Deny buttons on approval cards."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from typing import Any
+
+from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from agent.policy import ApproverFacts
+from agent.workflow import DecisionRefused
+from bot import blocks
+from bot.deps import Deps
+
+APPROVAL_ID = re.compile(r"^[0-9a-f-]{8,64}$")
+
+
+def clicked(body: dict[str, Any]) -> tuple[str, str, str | None, str] | None:
+    """(team, user, channel, approval id) from a block_actions payload, or None if malformed."""
+    actions = body.get("actions")
+    user = (body.get("user") or {}).get("id")
+    team = (body.get("team") or {}).get("id") or (body.get("user") or {}).get("team_id")
+    channel = (body.get("channel") or {}).get("id")
+    if not (isinstance(actions, list) and actions and isinstance(actions[0], dict)):
+        return None
+    value = actions[0].get("value")
+    if not (isinstance(user, str) and isinstance(team, str) and isinstance(value, str)):
+        return None
+    if not APPROVAL_ID.match(value):
+        return None
+    return team, user, channel if isinstance(channel, str) else None, value
+
+
+async def facts_for(
+    deps: Deps, client: AsyncWebClient, team: str, user: str, approval_id: str, channel: str | None
+) -> ApproverFacts:
+    info = await deps.workflow.approval(team, approval_id)
+    if info is None:
+        return ApproverFacts()
+    policy = await deps.workflow.policies.get(team, info.tool)
+    return await deps.people.approver_facts(
+        client, user, policy, clicked_in=channel, card_channel=info.card_channel
+    )
+
+
+async def refuse(
+    deps: Deps, client: AsyncWebClient, refusal: DecisionRefused, *, user: str, channel: str | None
+) -> None:
+    """Say why, privately, and redraw the card from the truth."""
+    if channel is not None:
+        text = blocks.refusal_text(refusal.reason, refusal.approval)
+        with contextlib.suppress(SlackApiError):  # the card refresh still shows the truth
+            await client.chat_postEphemeral(channel=channel, user=user, text=text)
+    if refusal.approval is not None:
+        await deps.delivery.refresh_card(client, refusal.approval)
+
+
+def resume_when_ready(deps: Deps, client: AsyncWebClient, turn_id: str) -> None:
+    async def resume() -> None:
+        resumed = await deps.workflow.continue_turn(turn_id)
+        if resumed is not None:
+            await deps.delivery.resumed(client, resumed)
+
+    deps.background.spawn(resume(), name=f"resume {turn_id}")
+
+
+def register(app: AsyncApp, deps: Deps) -> None:
+    @app.action("approve")
+    async def on_approve(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:
+        await ack()
+        client = context.client
+        parsed = clicked(body)
+        if parsed is None or client is None:
+            return
+        team, user, channel, approval_id = parsed
+        facts = await facts_for(deps, client, team, user, approval_id, channel)
+        try:
+            decided = await deps.workflow.decide(team, approval_id, user, approve=True, facts=facts)
+        except DecisionRefused as refusal:
+            await refuse(deps, client, refusal, user=user, channel=channel)
+            return
+        await deps.delivery.refresh_card(client, decided.approval)
+        if decided.turn_ready:
+            resume_when_ready(deps, client, decided.turn_id)
+
+    @app.action("deny")
+    async def on_deny(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:
+        await ack()
+        client = context.client
+        parsed = clicked(body)
+        trigger = body.get("trigger_id")
+        if parsed is None or client is None or not isinstance(trigger, str):
+            return
+        team, user, channel, approval_id = parsed
+        facts = await facts_for(deps, client, team, user, approval_id, channel)
+        try:
+            info = await deps.workflow.check_decider(team, approval_id, user, facts)
+        except DecisionRefused as refusal:
+            await refuse(deps, client, refusal, user=user, channel=channel)
+            return
+        view = blocks.deny_modal(info)
+        view["private_metadata"] = json.dumps({"approval_id": approval_id, "channel": channel})
+        await client.views_open(trigger_id=trigger, view=view)

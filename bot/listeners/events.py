@@ -1,0 +1,77 @@
+"""Messages to the bot: DMs, @mentions, and replies in threads it is already part of."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from slack_bolt.async_app import AsyncApp, AsyncBoltContext
+from slack_sdk.web.async_client import AsyncWebClient
+
+from agent.workflow import Thread
+from bot import blocks
+from bot.deps import Deps
+from storage import events
+
+STREAM_INTERVAL = 1.0  # seconds between placeholder updates: chat.update is rate limited
+
+
+def register(app: AsyncApp, deps: Deps) -> None:
+    async def handle(body: dict[str, Any], context: AsyncBoltContext, mention: bool) -> None:
+        event = body.get("event") or {}
+        if event.get("subtype") or event.get("bot_id") or not isinstance(event.get("user"), str):
+            return  # edits, deletions, joins and other bots' messages are not requests
+        team = context.team_id or body.get("team_id")
+        channel, ts = event.get("channel"), event.get("ts")
+        if not (isinstance(team, str) and isinstance(channel, str) and isinstance(ts, str)):
+            return
+        text = str(event.get("text") or "")
+        bot_mention = f"<@{context.bot_user_id}>"
+        thread = Thread(team, channel, str(event.get("thread_ts") or ts))
+        # In channels the app_mention event handles mentions; other messages only continue
+        # threads the bot is already part of.
+        in_channel = not mention and event.get("channel_type") != "im"
+        if in_channel and (bot_mention in text or not await deps.workflow.knows(thread)):
+            return
+        event_id = body.get("event_id")
+        if isinstance(event_id, str):
+            async with deps.sessions.begin() as db:
+                if not await events.first_delivery(db, event_id, now=deps.clock()):
+                    return  # Slack's retry of an event already handled
+        text = re.sub(rf"{re.escape(bot_mention)}\s*", "", text).strip()
+        client = context.client
+        assert client is not None
+        deps.background.spawn(run_turn(deps, client, thread, event["user"], text), name="turn")
+
+    @app.event("app_mention")
+    async def on_mention(body: dict[str, Any], context: AsyncBoltContext) -> None:
+        await handle(body, context, mention=True)
+
+    @app.event("message")
+    async def on_message(body: dict[str, Any], context: AsyncBoltContext) -> None:
+        await handle(body, context, mention=False)
+
+
+async def run_turn(
+    deps: Deps, client: AsyncWebClient, thread: Thread, user: str, text: str
+) -> None:
+    """Show progress at once, stream the reply into it, then the outcome."""
+    if not text:
+        await deps.delivery.say(client, thread, blocks.reply_message(HELLO))
+        return
+    placeholder = await deps.delivery.say(client, thread, blocks.thinking_message())
+    last = time.monotonic()
+
+    async def on_text(so_far: str) -> None:
+        nonlocal last
+        if placeholder is None or time.monotonic() - last < STREAM_INTERVAL:
+            return
+        last = time.monotonic()
+        await deps.delivery.say(client, thread, blocks.reply_message(so_far), replace=placeholder)
+
+    outcome = await deps.workflow.start_turn(thread, user, text, on_text=on_text)
+    await deps.delivery.outcome(client, outcome, placeholder=placeholder)
+
+
+HELLO = "Hi! Tell me what you need. Actions that need a human's approval will wait for one."

@@ -1,0 +1,63 @@
+"""The Deny modal: its submission records the denial with the optional reason."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext
+
+from agent.workflow import DecisionRefused
+from bot import blocks
+from bot.deps import Deps
+from bot.listeners.actions import APPROVAL_ID, facts_for, resume_when_ready
+
+MAX_REASON = 500
+
+
+def submitted(body: dict[str, Any]) -> tuple[str, str, str | None, str, str | None] | None:
+    """(team, user, channel, approval id, reason) from a view_submission, or None."""
+    view = body.get("view") or {}
+    user = (body.get("user") or {}).get("id")
+    team = (body.get("team") or {}).get("id") or (body.get("user") or {}).get("team_id")
+    try:
+        meta = json.loads(view.get("private_metadata") or "")
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    approval_id, channel = meta.get("approval_id"), meta.get("channel")
+    if not (isinstance(user, str) and isinstance(team, str) and isinstance(approval_id, str)):
+        return None
+    if not APPROVAL_ID.match(approval_id) or not (channel is None or isinstance(channel, str)):
+        return None
+    field = ((view.get("state") or {}).get("values") or {}).get("reason") or {}
+    reason = (field.get("reason") or {}).get("value")
+    reason = (reason.strip()[:MAX_REASON] or None) if isinstance(reason, str) else None
+    return team, user, channel, approval_id, reason
+
+
+def register(app: AsyncApp, deps: Deps) -> None:
+    @app.view("deny_reason")
+    async def on_submit(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:
+        client = context.client
+        parsed = submitted(body)
+        if parsed is None or client is None:
+            await ack()
+            return
+        team, user, channel, approval_id, reason = parsed
+        facts = await facts_for(deps, client, team, user, approval_id, channel)
+        try:
+            decided = await deps.workflow.decide(
+                team, approval_id, user, approve=False, reason=reason, facts=facts
+            )
+        except DecisionRefused as refusal:
+            text = blocks.refusal_text(refusal.reason, refusal.approval)
+            await ack(response_action="errors", errors={"reason": text})
+            if refusal.approval is not None:
+                await deps.delivery.refresh_card(client, refusal.approval)
+            return
+        await ack()
+        await deps.delivery.refresh_card(client, decided.approval)
+        if decided.turn_ready:
+            resume_when_ready(deps, client, decided.turn_id)

@@ -1,0 +1,76 @@
+"""Facts about Slack people the workflow needs: admins, group members. Cached, since
+users.info and usergroups.users.list are rate limited (tiers 4 and 2)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection
+from datetime import datetime, timedelta
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from agent.policy import ApproverFacts, Policy
+
+log = logging.getLogger(__name__)
+
+
+class People:
+    def __init__(
+        self,
+        *,
+        admin_users: Collection[str],
+        clock: Callable[[], datetime],
+        ttl: timedelta = timedelta(minutes=5),
+    ) -> None:
+        self._admins = frozenset(admin_users)
+        self._clock = clock
+        self._ttl = ttl
+        self._admin_cache: dict[str, tuple[datetime, bool]] = {}
+        self._group_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
+
+    async def is_admin(self, client: AsyncWebClient, user: str) -> bool:
+        """ADMIN_USERS, or a workspace admin or owner according to users.info."""
+        if user in self._admins:
+            return True
+        cached = self._admin_cache.get(user)
+        if cached and cached[0] > self._clock():
+            return cached[1]
+        try:
+            info = (await client.users_info(user=user))["user"]
+        except SlackApiError as exc:
+            log.warning("users.info failed for %s: %s", user, exc.response.get("error"))
+            return False  # fail closed: no policy change on a doubt
+        admin = bool(info.get("is_admin") or info.get("is_owner") or info.get("is_primary_owner"))
+        self._admin_cache[user] = (self._clock() + self._ttl, admin)
+        return admin
+
+    async def group_members(self, client: AsyncWebClient, group: str) -> frozenset[str]:
+        cached = self._group_cache.get(group)
+        if cached and cached[0] > self._clock():
+            return cached[1]
+        try:
+            users = (await client.usergroups_users_list(usergroup=group))["users"]
+        except SlackApiError as exc:
+            log.warning("usergroups.users.list failed for %s: %s", group, exc.response.get("error"))
+            return frozenset()
+        members = frozenset(users)
+        self._group_cache[group] = (self._clock() + self._ttl, members)
+        return members
+
+    async def approver_facts(
+        self,
+        client: AsyncWebClient,
+        user: str,
+        policy: Policy,
+        *,
+        clicked_in: str | None,
+        card_channel: str | None,
+    ) -> ApproverFacts:
+        """Groups the policy names that `user` is in, and whether they clicked on the card's
+        own channel (the default policy: anyone in the approver channel)."""
+        groups = frozenset(
+            [g for g in policy.approver_groups if user in await self.group_members(client, g)]
+        )
+        in_channel = clicked_in is not None and clicked_in == card_channel
+        return ApproverFacts(groups=groups, in_channel=in_channel)

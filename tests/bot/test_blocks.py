@@ -1,0 +1,317 @@
+"""Block Kit rendering: nothing untrusted can ping anyone, and Slack's limits always hold."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from slack_sdk.models.blocks import Block
+from slack_sdk.models.views import View
+
+from agent.workflow import ApprovalInfo, Busy, Thread
+from bot import blocks
+from storage.models import ApprovalStatus, Execution
+
+NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
+NASTY = "<!channel> <!here> <@U999> <!subteam^S1> & <https://evil.example|click>"
+CONTROL = re.compile(r"<[^>]*>")  # mentions, links, dates: anything Slack interprets
+
+
+def info(**over: Any) -> ApprovalInfo:
+    base: dict[str, Any] = dict(
+        id="ap-1",
+        turn_id="turn-1",
+        thread=Thread("T1", "D1", "1700000000.000100"),
+        tool="send_payment",
+        description="Sends money to a vendor.",
+        input={"to": "ACME", "amount": 12},
+        requester="U111",
+        requested_at=NOW,
+        expires_at=NOW + timedelta(hours=1),
+        why="Moves money.",
+        status=ApprovalStatus.PENDING,
+        decided_by=None,
+        decided_at=None,
+        reason=None,
+        execution=Execution.NOT_STARTED,
+        card_channel="C0APPROVE",
+        card_ts=None,
+    )
+    base.update(over)
+    known = {f.name for f in dataclasses.fields(ApprovalInfo)}
+    return ApprovalInfo(**{k: v for k, v in base.items() if k in known})
+
+
+def decided(status: ApprovalStatus, **over: Any) -> ApprovalInfo:
+    by = None if status == ApprovalStatus.EXPIRED else "U222"
+    return info(status=status, decided_by=by, decided_at=NOW + timedelta(minutes=5), **over)
+
+
+def strings(obj: Any) -> list[str]:
+    if isinstance(obj, str):
+        return [obj]
+    if isinstance(obj, dict):
+        return [s for v in obj.values() for s in strings(v)]
+    if isinstance(obj, list):
+        return [s for v in obj for s in strings(v)]
+    return []
+
+
+def mentions(obj: Any) -> set[str]:
+    """Every Slack control sequence, dates excepted (they never notify anyone)."""
+    return {m for s in strings(obj) for m in CONTROL.findall(s) if not m.startswith("<!date^")}
+
+
+def validate(message: dict[str, Any]) -> None:
+    """slack_sdk's own validators, plus the limits it does not check itself."""
+    assert message["text"] and len(message["text"]) <= 40000
+    assert len(message.get("blocks", [])) <= 50
+    for raw in message.get("blocks", []):
+        block = Block.parse(raw)
+        assert block is not None
+        block.validate_json()
+        for field in raw.get("fields", []):
+            assert len(field["text"]) <= 2000
+        for el in raw.get("elements", []):
+            if el.get("type") in ("mrkdwn", "plain_text"):
+                assert len(el["text"]) <= 3000
+
+
+def nasty_approval(**over: Any) -> ApprovalInfo:
+    return info(
+        tool="tool<!channel>",
+        description=f"desc {NASTY}",
+        input={f"key {NASTY}": f"value {NASTY}", "nested": {"x": [NASTY]}},
+        why=f"why {NASTY}",
+        **over,
+    )
+
+
+@pytest.mark.parametrize("text", ["<!channel>", "<@U123>", "<!subteam^S1>", "a & b"])
+def test_escape(text: str) -> None:
+    out = blocks.escape(text)
+    assert "<" not in out and ">" not in out
+    assert out.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&") == text
+
+
+def test_card_escapes_everything_untrusted() -> None:
+    card = blocks.approval_card(
+        nasty_approval(), thread_link="https://x.slack.com/a?b=1&c=2", now=NOW
+    )
+    validate(card)
+    assert mentions(card) == {
+        "<@U111>",
+        "<https://x.slack.com/a?b=1&amp;c=2|View the conversation>",
+    }
+    assert "&lt;!channel&gt;" in json.dumps(card)
+
+
+@pytest.mark.parametrize("status", [ApprovalStatus.APPROVED, ApprovalStatus.DENIED])
+def test_decided_card_mentions_only_people(status: ApprovalStatus) -> None:
+    card = blocks.approval_card(
+        nasty_approval(**_decision(status), reason=NASTY), thread_link=None, now=NOW
+    )
+    validate(card)
+    assert mentions(card) == {"<@U111>", "<@U222>"}
+
+
+def _decision(status: ApprovalStatus) -> dict[str, Any]:
+    return {"status": status, "decided_by": "U222", "decided_at": NOW}
+
+
+def test_bad_ids_and_links_are_not_trusted() -> None:
+    a = info(requester="<!channel>", card_channel="<!here>")
+    card = blocks.approval_card(a, thread_link="javascript:alert(1)|x", now=NOW)
+    assert mentions(card) == set()
+    note = blocks.requester_note(a, card_link="https://evil|<!channel>")
+    assert mentions(note) == set()
+
+
+def test_pending_card_layout() -> None:
+    card = blocks.approval_card(info(), thread_link="https://t.slack.com/p1", now=NOW)
+    validate(card)
+    header, *_ = card["blocks"]
+    assert header == {
+        "type": "header",
+        "text": {"type": "plain_text", "text": "Approval needed: send_payment"},
+    }
+    fields = next(b["fields"] for b in card["blocks"] if "fields" in b)
+    assert [f["text"] for f in fields] == ["*to*\nACME", "*amount*\n12"]
+    actions = [b for b in card["blocks"] if b["type"] == "actions"]
+    assert len(actions) == 1 and actions[0]["block_id"] == "approval"
+    buttons = actions[0]["elements"]
+    assert [(b["action_id"], b["value"], b["style"]) for b in buttons] == [
+        ("approve", "ap-1", "primary"),
+        ("deny", "ap-1", "danger"),
+    ]
+    assert "Full input" not in json.dumps(card)  # nothing was shortened
+    assert f"<!date^{int((NOW + timedelta(hours=1)).timestamp())}^" in json.dumps(card)
+
+
+def test_long_value_is_shortened_and_full_json_shown() -> None:
+    card = blocks.approval_card(info(input={"body": "x" * 5000, "n": 1}), thread_link=None, now=NOW)
+    validate(card)
+    fields = next(b["fields"] for b in card["blocks"] if "fields" in b)
+    assert fields[0]["text"].endswith("…") and len(fields[0]["text"]) < 2000
+    full = [
+        b["text"]["text"]
+        for b in card["blocks"]
+        if "Full input" in b.get("text", {}).get("text", "")
+    ]
+    assert len(full) == 1 and "```" in full[0] and "truncated" in full[0]
+
+
+def test_many_keys_are_summarised_with_full_json() -> None:
+    data = {f"k{i}": i for i in range(15)}
+    card = blocks.approval_card(info(input=data), thread_link=None, now=NOW)
+    validate(card)
+    fields = next(b["fields"] for b in card["blocks"] if "fields" in b)
+    assert len(fields) == 10 and "6 more keys" in fields[-1]["text"]
+    full = next(
+        b["text"]["text"]
+        for b in card["blocks"]
+        if "Full input" in b.get("text", {}).get("text", "")
+    )
+    assert '"k14": 14' in full and "truncated" not in full
+
+
+def test_huge_input_respects_every_limit() -> None:
+    big = "<!channel>&" * 10_000  # ~110 KB, escaping makes it longer still
+    data: dict[str, Any] = {f"{'k' * 300}{i}": big for i in range(1000)}
+    for a in (
+        info(input=data, tool="t" * 300, description=big, why=big),
+        decided(ApprovalStatus.DENIED, input=data, reason=big),
+    ):
+        card = blocks.approval_card(a, thread_link=None, now=NOW)
+        validate(card)
+        assert mentions(card) <= {"<@U111>", "<@U222>"}
+        note = blocks.requester_note(a, card_link=None)
+        assert len(note["text"]) < 1000 and mentions(note) == {"<#C0APPROVE>"}
+
+
+def test_full_json_cannot_close_the_code_block() -> None:
+    card = blocks.approval_card(
+        info(input={"a": "```<!here>```", "b": "y" * 400}), thread_link=None, now=NOW
+    )
+    full = next(
+        b["text"]["text"]
+        for b in card["blocks"]
+        if "Full input" in b.get("text", {}).get("text", "")
+    )
+    assert full.count("```") == 2
+
+
+def test_decided_states_have_no_buttons() -> None:
+    cases = {
+        ApprovalStatus.APPROVED: "✅ Approved by <@U222> at <!date^",
+        ApprovalStatus.DENIED: "❌ Denied by <@U222> at <!date^",
+        ApprovalStatus.EXPIRED: "⌛ Expired at <!date^",
+    }
+    for status, start in cases.items():
+        card = blocks.approval_card(decided(status, reason="too pricey"), thread_link=None, now=NOW)
+        validate(card)
+        assert all(b["type"] != "actions" for b in card["blocks"])
+        last = card["blocks"][-1]["text"]["text"]
+        assert last.startswith(start), last
+    denied = blocks.approval_card(
+        decided(ApprovalStatus.DENIED, reason="too pricey"), thread_link=None, now=NOW
+    )
+    assert denied["blocks"][-1]["text"]["text"].endswith(": too pricey")
+    expired = blocks.approval_card(decided(ApprovalStatus.EXPIRED), thread_link=None, now=NOW)
+    assert "denied automatically" in expired["blocks"][-1]["text"]["text"]
+
+
+def test_execution_state_on_approved_card() -> None:
+    ran = blocks.approval_card(
+        decided(ApprovalStatus.APPROVED, execution=Execution.FINISHED), thread_link=None, now=NOW
+    )
+    assert ran["blocks"][-1]["text"]["text"].endswith("Ran.")
+    unknown = decided(ApprovalStatus.APPROVED, execution=Execution.STARTED)
+    text = blocks.approval_card(unknown, thread_link=None, now=NOW)["blocks"][-1]["text"]["text"]
+    assert "Outcome unknown" in text and "not run again" in text
+
+
+def test_requester_note() -> None:
+    a = info(input={"to": "ACME <!channel>", "amount": 12})
+    note = blocks.requester_note(a, card_link="https://t.slack.com/archives/C0APPROVE/p1")
+    text = note["text"]
+    assert text.startswith(
+        "I need approval to run `send_payment` (to: ACME &lt;!channel&gt;, amount: 12)"
+    )
+    assert (
+        "<#C0APPROVE>" in text
+        and "<#C0APPROVE> (<https://t.slack.com/archives/C0APPROVE/p1|see the request>)" in text
+    )
+    assert text.endswith("I'll continue here once someone decides.")
+    many = blocks.requester_note(
+        [
+            a,
+            dataclasses.replace(a, id="ap-2", tool="delete_user", input={}, card_channel="C0OTHER"),
+        ],
+        card_links=[None, "https://t.slack.com/y"],
+    )
+    assert "2 actions" in many["text"]
+    assert "`delete_user` (<https://t.slack.com/y|see the request>)" in many["text"]
+    assert "<#C0APPROVE> and <#C0OTHER>" in many["text"]
+    assert blocks.thinking_message()["text"]
+
+
+def test_reply_message() -> None:
+    assert mentions(blocks.reply_message(NASTY)) == set()
+    long = blocks.reply_message("<@U1>" * 20_000)
+    assert len(long["text"]) <= 40_000 and "shortened" in long["text"] and mentions(long) == set()
+    assert blocks.reply_message("   ")["text"]
+
+
+def test_busy_and_failure_messages() -> None:
+    t = Thread("T1", "D1", "1.2")
+    assert blocks.busy_message(Busy(t))["text"] == "I'm still working on your previous message."
+    waiting = blocks.busy_message(Busy(t, (info(), info(id="ap-2"))))["text"]
+    assert (
+        waiting == "Still waiting for approval of `send_payment` — I'll continue when it's decided."
+    )
+    assert blocks.failure_message(False)["text"].endswith("Please try again in a moment.")
+    assert blocks.failure_message(True)["text"].endswith("I'll retry automatically.")
+
+
+def test_refusal_text() -> None:
+    assert "someone else" in blocks.refusal_text("self_approval", info())
+    assert "`send_payment`" in blocks.refusal_text("not_an_approver", info())
+    text = blocks.refusal_text("already_decided", decided(ApprovalStatus.APPROVED))
+    assert text.startswith("Already approved by <@U222> at <!date^")
+    assert blocks.refusal_text("already_decided", decided(ApprovalStatus.EXPIRED)).startswith(
+        "Already expired"
+    )
+    assert "can't find" in blocks.refusal_text("not_found", None)
+
+
+def test_deny_modal_validates() -> None:
+    modal = blocks.deny_modal(nasty_approval())
+    View(**modal).validate_json()
+    assert modal["private_metadata"] == "ap-1" and modal["callback_id"] == "deny_reason"
+    element = modal["blocks"][-1]["element"]
+    assert (modal["blocks"][-1]["block_id"], element["action_id"], element["max_length"]) == (
+        "reason",
+        "reason",
+        500,
+    )
+    assert mentions(modal) == {"<@U111>"}
+
+
+def test_card_as_text() -> None:
+    a = info(input={"to": "A & B <x>", "amount": 12})
+    text = blocks.card_as_text(
+        blocks.approval_card(a, thread_link="https://t.slack.com/p1", now=NOW)
+    )
+    assert "Approval needed: send_payment" in text
+    assert "Requested by @U111" in text and "View the conversation (https://t.slack.com/p1)" in text
+    assert "to: A & B <x>" in text and "amount: 12" in text
+    assert "[ Approve ]  [ Deny ]" in text and "2025-03-04T13:00Z" in text
+    done = blocks.card_as_text(
+        blocks.approval_card(decided(ApprovalStatus.DENIED, reason="no"), thread_link=None, now=NOW)
+    )
+    assert "Denied by @U222" in done and "[ Approve ]" not in done
