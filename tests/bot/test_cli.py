@@ -1,0 +1,82 @@
+"""The entry points as an operator meets them: config errors, the demo, the manifest."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_bot(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GEMINI_"))}
+    return subprocess.run(  # noqa: S603
+        [sys.executable, "-m", "bot", *args],
+        env={**clean, **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_missing_configuration_is_one_clear_message_and_exit_2() -> None:
+    result = run_bot(env={"PORT": "not-a-port", "APPROVER_CHANNEL": "#general"})
+    assert result.returncode == 2
+    for name in ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "PORT", "APPROVER_CHANNEL"):
+        assert name in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_secrets_never_appear_in_the_error() -> None:
+    result = run_bot(env={"SLACK_SIGNING_SECRET": "s3cr3t-value", "DATABASE_URL": "mysql://x"})
+    assert result.returncode == 2 and "DATABASE_URL" in result.stderr
+    assert "s3cr3t-value" not in result.stderr + result.stdout
+
+
+def test_offline_demo_shows_one_approval_and_one_denial(tmp_path: Path) -> None:
+    result = run_bot("demo", env={"HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "[ Approve ]  [ Deny ]" in out
+    assert "Approved by" in out and "Denied by" in out
+    assert "transactionId" in out and "denied by UAPPROVER" in out
+
+
+# Which bot scope each Web API method the code calls needs (None: no scope needed).
+SCOPES = {
+    "chat_postMessage": "chat:write",
+    "chat_update": "chat:write",
+    "chat_postEphemeral": "chat:write",
+    "chat_getPermalink": None,
+    "views_open": None,
+    "users_info": "users:read",
+    "usergroups_users_list": "usergroups:read",
+}
+EVENT_SCOPES = {
+    "app_mention": "app_mentions:read",
+    "message.im": "im:history",
+    "message.channels": "channels:history",
+    "message.groups": "groups:history",
+}
+
+
+def test_manifest_asks_for_exactly_the_scopes_the_code_uses() -> None:
+    manifest = yaml.safe_load((ROOT / "manifest.yml").read_text())
+    code = "\n".join(p.read_text() for p in (ROOT / "bot").rglob("*.py"))
+    called = set(re.findall(r"client\.(\w+)\(", code))
+    assert called <= set(SCOPES), f"map these methods to scopes: {called - set(SCOPES)}"
+    events = manifest["settings"]["event_subscriptions"]["bot_events"]
+    needed = {SCOPES[m] for m in called} - {None}
+    needed |= {EVENT_SCOPES[e] for e in events} | {"commands"}
+    assert set(manifest["oauth_config"]["scopes"]["bot"]) == needed
+    assert manifest["settings"]["socket_mode_enabled"] is True
+    assert manifest["settings"]["interactivity"]["is_enabled"] is True
+    assert [c["command"] for c in manifest["features"]["slash_commands"]] == ["/approvals"]
+    assert manifest["features"]["app_home"]["messages_tab_enabled"] is True
