@@ -12,26 +12,14 @@ import aiohttp
 import pytest
 from genkit import FinishReason
 from genkit.exp import AgentError, AgentFinishReason, Genkit, InMemorySessionStore
-from genkit.plugin_api import Action
 from genkit_google_genai import GoogleAI
 from genkit_middleware import ToolApproval
 from pydantic import BaseModel
 
+from agent.gemini import gemini_plugin
 from tests.fakes.gemini import FakeGemini, call, calls, error, function_call, text
 
 MODEL = "googleai/gemini-flash-latest"
-
-
-class NoListingGoogleAI(GoogleAI):
-    """GoogleAI without start-up model discovery (the fix this file proves).
-
-    Stock ``init()`` lists models, and Genkit's registry keeps the init Task per event loop,
-    failed ones included: one failed listing fails every later call. ``resolve()`` builds any
-    ``googleai/*`` model on first use without I/O, so skipping discovery loses nothing.
-    """
-
-    async def init(self) -> list[Action]:
-        return []
 
 
 class Query(BaseModel):
@@ -152,7 +140,7 @@ async def test_stock_plugin_caches_a_failed_listing(gemini: FakeGemini) -> None:
 
 @pytest.mark.asyncio
 async def test_no_listing_plugin_recovers_in_the_same_loop(gemini: FakeGemini) -> None:
-    bot = Bot(NoListingGoogleAI(api_key="test-key", base_url=gemini.base_url))
+    bot = Bot(gemini_plugin("test-key", gemini.base_url))
     gemini.fail_listing(times=1000)  # the listing never works again
     gemini.script(error(503, "down"), text("back"))
 
@@ -191,7 +179,7 @@ async def test_same_name_calls_without_ids(gemini: FakeGemini) -> None:
 
 @pytest.mark.asyncio
 async def test_generate_content_and_dynamic_reply(gemini: FakeGemini) -> None:
-    ai = Genkit(plugins=[NoListingGoogleAI(api_key="test-key", base_url=gemini.base_url)])
+    ai = Genkit(plugins=[gemini_plugin("test-key", gemini.base_url)])
     gemini.script(
         text("a", "b"), lambda body: text("echo " + body["contents"][-1]["parts"][0]["text"])
     )
@@ -205,7 +193,7 @@ async def test_generate_content_and_dynamic_reply(gemini: FakeGemini) -> None:
 async def test_fake_fails_loudly() -> None:
     with pytest.raises(AssertionError, match="script ran out"):
         async with FakeGemini() as fake:
-            ai = Genkit(plugins=[NoListingGoogleAI(api_key="test-key", base_url=fake.base_url)])
+            ai = Genkit(plugins=[gemini_plugin("test-key", fake.base_url)])
             # ai.generate does not raise on a model error, and a 500 reads "internal error"
             reply = await ai.generate(model=MODEL, prompt="unscripted")
             assert (reply.finish_reason, reply.finish_message) == (
