@@ -32,6 +32,7 @@ def build_workflow(
     clock: Callable[[], datetime] = utc_now,
     new_id: Callable[[], str] = new_uuid,
     lease: timedelta = timedelta(minutes=2),
+    turn_timeout: timedelta = timedelta(minutes=5),
     setup: Callable[[Genkit], None] | None = None,
 ) -> Workflow:
     tool_names: list[str] = []
@@ -52,4 +53,5 @@ def build_workflow(
         clock=clock,
         new_id=new_id,
         lease=lease,
+        turn_timeout=turn_timeout,
     )

@@ -149,8 +149,10 @@ class Workflow:
         clock: Callable[[], datetime],
         new_id: Callable[[], str],
         lease: timedelta = timedelta(minutes=2),
+        turn_timeout: timedelta = timedelta(minutes=5),
     ) -> None:
         self._runtime = runtime
+        self._turn_timeout = turn_timeout
         self._sessions = sessions
         self._policies = policies
         self._clock = clock
@@ -366,14 +368,16 @@ class Workflow:
         """Run one Genkit turn in this workspace's scope, streaming text to `on_text`."""
         agent = self._runtime.agent
         chat = agent.chat(snapshot_id=snapshot_id) if snapshot_id else agent.chat()
-        with _scoped(scope):
-            turn = start(chat)
-            try:
-                async for chunk in turn.stream:
-                    if on_text is not None and chunk.text:
-                        await on_text(chunk.accumulated_text)
-            finally:
-                response: AgentResponse[Any] = await turn.response
+        # A model that never answers must not hold the thread (or a resume lease) forever.
+        async with asyncio.timeout(self._turn_timeout.total_seconds()):
+            with _scoped(scope):
+                turn = start(chat)
+                try:
+                    async for chunk in turn.stream:
+                        if on_text is not None and chunk.text:
+                            await on_text(chunk.accumulated_text)
+                finally:
+                    response: AgentResponse[Any] = await turn.response
         return response
 
     async def _pause(
