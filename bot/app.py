@@ -9,6 +9,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
     AsyncRateLimitErrorRetryHandler,
+    AsyncServerErrorRetryHandler,
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -19,10 +20,9 @@ log = logging.getLogger(__name__)
 
 
 def web_client(token: str, api_url: str | None) -> AsyncWebClient:
-    """Slack's client, retrying 429s per Retry-After and dropped connections.
+    """Slack's client, retrying dropped connections, 429s per Retry-After, and 500/503.
 
-    5xx answers are not retried: Slack may have acted before failing, and a second
-    chat.postMessage would post a second card.
+    Slack documents 5xx as not having acted, so retrying a card post does not post it twice.
     """
     kwargs: dict[str, Any] = {}
     if api_url:
@@ -32,6 +32,7 @@ def web_client(token: str, api_url: str | None) -> AsyncWebClient:
         retry_handlers=[
             AsyncConnectionErrorRetryHandler(max_retry_count=2),
             AsyncRateLimitErrorRetryHandler(max_retry_count=3),
+            AsyncServerErrorRetryHandler(max_retry_count=2),
         ],
         **kwargs,
     )
