@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 def web_client(token: str, api_url: str | None) -> AsyncWebClient:
     """Slack's client, retrying dropped connections, 429s per Retry-After, and 500/503.
 
-    Slack documents 5xx as not having acted, so retrying a card post does not post it twice.
+    A lost approval card strands a request; a duplicate needs Slack to have acted and then
+    failed, which is rarer, and the second card's buttons resolve to the same approval.
     """
     kwargs: dict[str, Any] = {}
     if api_url:
