@@ -1,0 +1,143 @@
+"""Faults at the edges of a turn: the database connection dies mid-write, Gemini errors or
+never answers. The user is told, nothing is half-written, the thread stays usable."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import event, func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from agent.assemble import build_workflow
+from agent.policy import PolicyDefaults
+from agent.runtime import AgentConfig
+from agent.workflow import Failed, Reply, Thread, Workflow
+from storage.db import make_engine, make_session_factory
+from storage.models import Approval, Conversation, MessageRow, SnapshotRow
+from tests.conftest import pg_test_url
+from tests.fakes.gemini import FakeGemini, error, text
+from tests.fakes.scripted_model import ScriptedModel
+from tests.fakes.scripted_model import text as scripted_text
+
+
+@pytest.fixture
+async def fault_engine() -> AsyncIterator[AsyncEngine]:
+    """An engine of its own, so killing its connections touches no other test."""
+    engine = make_engine(pg_test_url())
+    yield engine
+    await engine.dispose()
+
+
+def kill_connection_on(engine: AsyncEngine, statement_prefix: str) -> list[str]:
+    """Terminate the connection, from the server side, as it runs the first such statement."""
+    killed: list[str] = []
+
+    @event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def _kill(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if not killed and statement.lstrip().upper().startswith(statement_prefix):
+            killed.append(statement)
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    return killed
+
+
+async def count(engine: AsyncEngine, model: Any, team: str) -> int:
+    async with make_session_factory(engine)() as db:
+        query = select(func.count()).select_from(model).where(model.team_id == team)
+        return int((await db.execute(query)).scalar_one())
+
+
+async def snapshots(engine: AsyncEngine, team: str) -> dict[str, int]:
+    async with make_session_factory(engine)() as db:
+        rows = (await db.execute(select(SnapshotRow).where(SnapshotRow.team_id == team))).scalars()
+        statuses = [str(r.meta.get("status")) for r in rows]
+    return {s: statuses.count(s) for s in set(statuses)}
+
+
+async def assert_every_snapshot_whole(engine: AsyncEngine, team: str) -> None:
+    """Each snapshot has exactly the message rows its header promises."""
+    async with make_session_factory(engine)() as db:
+        for row in (
+            await db.execute(select(SnapshotRow).where(SnapshotRow.team_id == team))
+        ).scalars():
+            query = select(func.count()).where(
+                MessageRow.team_id == team, MessageRow.snapshot_id == row.snapshot_id
+            )
+            stored = (await db.execute(query)).scalar_one()
+            assert stored == (row.message_count or 0) - row.inherited, row.snapshot_id
+
+
+async def test_connection_killed_mid_save_fails_cleanly_and_next_message_works(
+    fault_engine: AsyncEngine, pg_engine: AsyncEngine, team: str
+) -> None:
+    model = ScriptedModel()
+    workflow = build_workflow(
+        make_session_factory(fault_engine),
+        AgentConfig(model="scripted", tool_modules=("tests.ledger_tools",)),
+        defaults=PolicyDefaults(channel="C0APPROVE"),
+        setup=model.register,
+    )
+    thread = Thread(team, "D0FAULT", "1.0")
+    model.script(scripted_text("first answer"))
+    killed = kill_connection_on(fault_engine, "INSERT INTO AGENT_MESSAGES")
+
+    outcome = await workflow.start_turn(thread, "U_EMP", "hello")
+
+    assert killed, "the fault was never injected"
+    assert outcome == Failed(thread)
+    # The killed transaction left nothing; Genkit then recorded the turn as failed, whole.
+    assert await snapshots(pg_engine, team) == {"failed": 1}
+    await assert_every_snapshot_whole(pg_engine, team)
+    assert await count(pg_engine, Approval, team) == 0
+
+    model.script(scripted_text("second answer"))
+    second = await workflow.start_turn(thread, "U_EMP", "hello again")
+    assert second == Reply(thread, "second answer")
+    assert await snapshots(pg_engine, team) == {"failed": 1, "completed": 1}
+    await assert_every_snapshot_whole(pg_engine, team)
+    assert await count(pg_engine, Conversation, team) == 1
+    # The next turn continued from before the failed one, not from its wreckage.
+    [request] = model.requests[-1:]
+    assert [m.content[0].text for m in request.messages if m.role == "user"] == ["hello again"]
+
+
+def gemini_workflow(pg_sessions: Any, gemini: FakeGemini, timeout: float = 300) -> Workflow:
+    return build_workflow(
+        pg_sessions,
+        AgentConfig(
+            model="googleai/gemini-flash-latest",
+            gemini_api_key="k",
+            gemini_api_url=gemini.base_url,
+            tool_modules=("tests.ledger_tools",),
+        ),
+        turn_timeout=timedelta(seconds=timeout),
+    )
+
+
+async def test_gemini_error_is_reported_and_the_session_stays_usable(
+    pg_sessions: Any, team: str
+) -> None:
+    async with FakeGemini() as gemini:
+        workflow = gemini_workflow(pg_sessions, gemini)
+        thread = Thread(team, "D0FAULT", "2.0")
+        gemini.script(text("hi there"), error(503, "overloaded"), text("back again"))
+        assert await workflow.start_turn(thread, "U_EMP", "hi") == Reply(thread, "hi there")
+        assert await workflow.start_turn(thread, "U_EMP", "still there?") == Failed(thread)
+        assert await workflow.start_turn(thread, "U_EMP", "now?") == Reply(thread, "back again")
+        # The failed turn left no trace in what the model sees next.
+        contents = gemini.generate_requests()[-1].json["contents"]
+        assert [c["parts"][0]["text"] for c in contents if c["role"] == "user"] == ["hi", "now?"]
+
+
+async def test_a_model_that_never_answers_times_out_and_frees_the_thread(
+    pg_sessions: Any, team: str
+) -> None:
+    async with FakeGemini() as gemini:
+        workflow = gemini_workflow(pg_sessions, gemini, timeout=0.5)
+        thread = Thread(team, "D0FAULT", "3.0")
+        gemini.script(text("too late", delay=5), text("on time"))
+        assert await workflow.start_turn(thread, "U_EMP", "slow?") == Failed(thread)
+        assert await workflow.start_turn(thread, "U_EMP", "again") == Reply(thread, "on time")
