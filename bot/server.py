@@ -20,7 +20,7 @@ from bot.app import build_app
 from bot.delivery import Delivery
 from bot.deps import Deps
 from bot.people import People
-from bot.settings import Settings
+from bot.settings import ConfigError, Settings
 from storage import events
 from storage.db import make_engine, make_session_factory
 from storage.migrate import upgrade
@@ -34,6 +34,10 @@ class Service:
     """Everything `python -m bot` runs, with start/stop so tests run the very same thing."""
 
     def __init__(self, settings: Settings, *, host: str = "0.0.0.0") -> None:  # noqa: S104
+        # Checked here too, not only by the CLI: without a signing secret Bolt would take
+        # unsigned HTTP requests as Slack's.
+        if problems := settings.serving_problems():
+            raise ConfigError(problems)
         self.settings = settings
         self.host = host
         self.port: int | None = None

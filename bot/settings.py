@@ -35,7 +35,7 @@ class Settings(BaseSettings):
     SLACK_SIGNING_SECRET: SecretStr | None = None
     SLACK_APP_TOKEN: SecretStr | None = None
     SLACK_API_URL: str | None = None
-    PORT: int = Field(default=3000, ge=1, le=65535)
+    PORT: int = Field(default=3000, ge=0, le=65535)  # 0: any free port (tests)
 
     DATABASE_URL: str = DEFAULT_DATABASE_URL
     MIGRATE_ON_START: bool = True
