@@ -170,7 +170,8 @@ def decision_text(a: ApprovalInfo) -> str:
 def approval_card(a: ApprovalInfo, *, thread_link: str | None, now: datetime) -> Message:
     """The approvers' card: what, who, why, until when; buttons only while still pending."""
     pending = a.status == ApprovalStatus.PENDING
-    header = _fit(f"Approval needed: {a.tool}", HEADER_MAX)[0]
+    title = "Approval needed" if pending else a.status.value.capitalize()
+    header = _fit(f"{title}: {a.tool}", HEADER_MAX)[0]
     who = f"*Requested by* {mention(a.requester)}"
     if link := _link(thread_link, "View the conversation"):
         who += f"  ·  {link}"
@@ -197,11 +198,9 @@ def approval_card(a: ApprovalInfo, *, thread_link: str | None, now: datetime) ->
                 ],
             }
         )
-        text = f"Approval needed: {escape(a.tool)}"
     else:
         blocks.append(_section(decision_text(a)))
-        text = f"{a.status.value.capitalize()}: {escape(a.tool)}"
-    return {"text": text, "blocks": blocks}
+    return {"text": f"{title}: {escape(a.tool)}", "blocks": blocks}
 
 
 def _button(label: str, action_id: str, value: str, style: str) -> Block:
