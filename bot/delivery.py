@@ -64,7 +64,12 @@ class Delivery:
             await self.resumed(client, resumed)
 
     async def refresh_card(self, client: AsyncWebClient, approval: ApprovalInfo) -> None:
-        """Redraw a card in place from the recorded state (decided cards lose their buttons)."""
+        """Redraw a card in place from the recorded state (decided cards lose their buttons).
+
+        The state is re-read just before drawing, so a late redraw (a losing click) does not
+        paint over a newer one (the call has run) with what it saw earlier.
+        """
+        approval = await self._workflow.approval(approval.thread.team_id, approval.id) or approval
         if approval.card_channel is None or approval.card_ts is None:
             return
         card = blocks.approval_card(
