@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import astuple, dataclass, field
+from dataclasses import astuple, dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 MAX_RESUME_ATTEMPTS = 3
 RETRY_DELAY = timedelta(seconds=30)
+CARD_GRACE = timedelta(minutes=1)
 TextSink = Callable[[str], Awaitable[None]]
 
 
@@ -136,7 +137,8 @@ class DecisionRefused(Exception):
 @dataclass(frozen=True)
 class SweepReport:
     expired: tuple[ApprovalInfo, ...] = ()
-    resumed: tuple[Resumed, ...] = field(default_factory=tuple)
+    resumed: tuple[Resumed, ...] = ()
+    uncarded: tuple[ApprovalInfo, ...] = ()  # pending approvals whose card was never posted
 
 
 class Workflow:
@@ -257,6 +259,13 @@ class Workflow:
             if row is None:
                 raise DecisionRefused("not_found")
             info = await self._info(db, row)
+        if info.status == ApprovalStatus.PENDING and info.expires_at <= self._clock():
+            # Past its deadline but not yet swept: it is expired, whoever clicks.
+            async with self._sessions.begin() as db:
+                row = await approvals.get_approval(db, team_id, approval_id)
+                assert row is not None
+                expired = await self._expire(db, [row], self._clock())
+            info = expired[0] if expired else info
         if info.status != ApprovalStatus.PENDING:
             raise DecisionRefused("already_decided", info)
         policy = await self._policies.get(team_id, info.tool)
@@ -312,27 +321,38 @@ class Workflow:
         Runs over every workspace unless `team_id` narrows it to one.
         """
         now = self._clock()
-        expired: list[ApprovalInfo] = []
         async with self._sessions.begin() as db:
-            for row in await approvals.expired_approvals(db, now=now, team_id=team_id):
-                if await approvals.record_decision(
-                    db, row.id, status=ApprovalStatus.EXPIRED, decided_by=None, reason=None, now=now
-                ):
-                    audit.record(
-                        db,
-                        team_id=row.team_id,
-                        at=now,
-                        actor="greenlight",
-                        action="expired",
-                        tool=row.tool,
-                        approval_id=row.id,
-                        input=row.input,
-                    )
-                    await db.refresh(row)
-                    expired.append(await self._info(db, row))
+            overdue = await approvals.expired_approvals(db, now=now, team_id=team_id)
+            expired = await self._expire(db, overdue, now)
+            # Cards a process died before posting (a live one posts within moments).
+            stranded = await approvals.uncarded_approvals(
+                db, requested_before=now - CARD_GRACE, team_id=team_id
+            )
+            uncarded = [await self._info(db, row) for row in stranded]
             turn_ids = await approvals.recoverable_turns(db, now=now, team_id=team_id)
         resumed = [r for t in turn_ids if (r := await self.continue_turn(t)) is not None]
-        return SweepReport(tuple(expired), tuple(resumed))
+        return SweepReport(tuple(expired), tuple(resumed), tuple(uncarded))
+
+    async def _expire(self, db: Any, rows: Sequence[Approval], now: datetime) -> list[ApprovalInfo]:
+        """pending -> expired for overdue approvals, audited; returns those this call expired."""
+        expired = []
+        for row in rows:
+            if await approvals.record_decision(
+                db, row.id, status=ApprovalStatus.EXPIRED, decided_by=None, reason=None, now=now
+            ):
+                audit.record(
+                    db,
+                    team_id=row.team_id,
+                    at=now,
+                    actor="greenlight",
+                    action="expired",
+                    tool=row.tool,
+                    approval_id=row.id,
+                    input=row.input,
+                )
+                await db.refresh(row)
+                expired.append(await self._info(db, row))
+        return expired
 
     async def knows(self, thread: Thread) -> bool:
         """Whether this thread already is a conversation (so replies in it continue it)."""

@@ -58,6 +58,8 @@ class Delivery:
         await self.outcome(client, resumed.outcome)
 
     async def sweep(self, client: AsyncWebClient, report: SweepReport) -> None:
+        for approval in report.uncarded:
+            await self._post_card(client, approval, await self._permalink(client, approval.thread))
         for approval in report.expired:
             await self.refresh_card(client, approval)
         for resumed in report.resumed:

@@ -231,6 +231,20 @@ async def set_card(db: AsyncSession, approval_id: str, *, channel: str, ts: str)
     )
 
 
+async def uncarded_approvals(
+    db: AsyncSession, *, requested_before: datetime, team_id: str | None = None
+) -> Sequence[Approval]:
+    query = select(Approval).where(
+        Approval.status == ApprovalStatus.PENDING,
+        Approval.card_ts.is_(None),
+        Approval.card_channel.is_not(None),
+        Approval.requested_at < requested_before,
+    )
+    if team_id is not None:
+        query = query.where(Approval.team_id == team_id)
+    return (await db.execute(query)).scalars().all()
+
+
 async def pending_approvals(db: AsyncSession, team_id: str) -> Sequence[Approval]:
     query = select(Approval).where(
         Approval.team_id == team_id, Approval.status == ApprovalStatus.PENDING

@@ -205,3 +205,30 @@ async def test_a_waiting_thread_reports_busy_and_runs_nothing(h: Harness) -> Non
     again = await h.workflow.start_turn(h.thread(), "U_EMP", "hello?")
     assert isinstance(again, Busy) and [a.id for a in again.waiting_on] == [out.approvals[0].id]
     assert len(h.model.requests) == 1
+
+
+async def test_a_click_after_the_deadline_expires_the_request_instead(h: Harness) -> None:
+    h.model.script(calls(("transferMoney", TRANSFER)), answer_with_tool_results)
+    out = await h.workflow.start_turn(h.thread(), "U_EMP", "send")
+    assert isinstance(out, AwaitingApproval)
+    h.clock.advance(hours=24, seconds=1)
+    with pytest.raises(DecisionRefused) as refused:
+        await h.workflow.decide(
+            h.team, out.approvals[0].id, "U_BOSS", approve=True, facts=IN_CHANNEL
+        )
+    assert refused.value.approval is not None
+    assert refused.value.approval.status == ApprovalStatus.EXPIRED
+    [resumed] = (await h.workflow.sweep(h.team)).resumed
+    assert isinstance(resumed.outcome, Reply)
+    assert h.ledger() == []
+
+
+async def test_the_sweep_reports_approvals_whose_card_was_never_posted(h: Harness) -> None:
+    h.model.script(calls(("transferMoney", TRANSFER)))
+    out = await h.workflow.start_turn(h.thread(), "U_EMP", "send")
+    assert isinstance(out, AwaitingApproval)
+    assert (await h.workflow.sweep(h.team)).uncarded == ()  # a live process is posting it
+    h.clock.advance(minutes=2)
+    assert [a.id for a in (await h.workflow.sweep(h.team)).uncarded] == [out.approvals[0].id]
+    await h.workflow.attach_card(out.approvals[0].id, channel="C0APPROVE", ts="1.1")
+    assert (await h.workflow.sweep(h.team)).uncarded == ()
