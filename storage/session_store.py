@@ -1,12 +1,12 @@
-"""Genkit `SessionStore` on SQL: each snapshot row stores only the messages it added.
+"""Genkit `SessionStore` on SQL, storing each message once.
 
-Every turn Genkit saves a new snapshot holding the whole conversation, so storing snapshots
-whole grows quadratically. Here a snapshot whose message list extends its parent's keeps only
-the new tail in `agent_messages` and records in `inherited` how many leading messages come
-from up the parent chain; a load is one recursive query, however long the history.
+Genkit saves a new snapshot per turn holding the whole conversation, so storing snapshots
+whole grows quadratically. Here a snapshot whose messages extend its parent's stores only the
+new tail in `agent_messages`, and `inherited` says how many leading messages come from up the
+parent chain. A load is one recursive query, however long the history.
 
-Tenant: `context['team_id']` when Genkit passes a context that has one, else the
-`current_team` ContextVar (set by the application around a turn: the in-process agent
+Tenant: `context['team_id']` when Genkit passes a context carrying one, else the
+`current_team` ContextVar, which the application sets around a turn (the in-process agent
 runtime passes only the ambient action context, usually None), else the store's default.
 """
 
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from typing import Any, cast
 
+import sqlalchemy as sa
 from genkit._ai._agents._session_stores._util import (
     apply_save,
     assert_safe_snapshot_id,
@@ -27,12 +27,13 @@ from genkit._ai._agents._session_stores._util import (
     select_leaf,
     session_id_of,
 )
+from genkit._core._base import _default_serializer
 from genkit._core._error import GenkitError
 from genkit.exp import SessionSnapshot, SessionStore
-from sqlalchemy import CursorResult, Row, and_, case, delete, insert, select, update
+from genkit.model import Message
+from pydantic_core import to_json
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import aliased
 
 from storage.db import SessionFactory
 from storage.models import MessageRow, SnapshotRow
@@ -40,9 +41,68 @@ from storage.models import MessageRow, SnapshotRow
 current_team: ContextVar[str | None] = ContextVar("greenlight_current_team", default=None)
 
 SaveFn = Callable[[SessionSnapshot | None], SessionSnapshot | None]
-S, M = SnapshotRow, MessageRow
-_ROW = (S.snapshot_id, S.meta, S.message_count, S.inherited, S.digest, S.version)
-_RETRY_SQLSTATES = {"40001", "40P01"}  # serialization failure, deadlock (PostgreSQL)
+_Row = sa.Row[Any, Any, Any, Any, Any, Any]  # a GET_ROW result
+_RETRY_SQLSTATES = {"40001", "40P01"}  # PostgreSQL serialization failure, deadlock
+
+# Statements are built once: building them per call costs more than running them.
+S, M = cast(sa.Table, SnapshotRow.__table__), cast(sa.Table, MessageRow.__table__)
+_team: sa.BindParameter[str] = sa.bindparam("team")
+_KEY = sa.and_(S.c.team_id == _team, S.c.snapshot_id == sa.bindparam("sid"))
+_ROW = sa.select(S.c.snapshot_id, S.c.meta, S.c.message_count, S.c.inherited, S.c.digest)
+GET_ROW = _ROW.add_columns(S.c.version).where(_KEY)
+LOCK_ROW = GET_ROW.with_for_update()
+LOCK_KIDS = (
+    _ROW.add_columns(S.c.version)
+    .where(S.c.team_id == _team, S.c.parent_id == sa.bindparam("sid"), S.c.inherited > 0)
+    .with_for_update()
+)
+_OWNED = sa.and_(S.c.team_id == _team, S.c.session_id == sa.bindparam("session"))
+LIGHT = sa.select(S.c.snapshot_id, S.c.parent_id, S.c.created_at).where(_OWNED)
+# The session's rows that none of its rows names as parent (NOT IN hashes the ids once).
+LEAVES = LIGHT.where(
+    S.c.snapshot_id.not_in(sa.select(S.c.parent_id).where(_OWNED, S.c.parent_id.is_not(None)))
+)
+# The parent's count and digest and its parent's, FOR SHARE: messages a child inherits
+# cannot be rewritten before the child commits.
+_g = S.alias("grand")
+PARENT = (
+    sa.select(S.c.message_count, S.c.inherited, S.c.digest, _g.c.message_count, _g.c.digest)
+    .outerjoin(_g, sa.and_(_g.c.team_id == S.c.team_id, _g.c.snapshot_id == S.c.parent_id))
+    .where(_KEY)
+    .with_for_update(read=True, of=S)
+)
+
+
+def _chain(t: Any, lo: Any, hi: Any) -> sa.Select[Any]:
+    """A chain row: (team_id, snapshot_id, parent_id, lo, hi), lo = min(inherited, hi)."""
+    lo = sa.case((t.c.inherited < lo, t.c.inherited), else_=lo)
+    return sa.select(t.c.team_id, t.c.snapshot_id, t.c.parent_id, lo.label("lo"), hi.label("hi"))
+
+
+# Up the parents while messages are inherited. Each row gives positions [lo, hi): hi is what
+# the row below still needs (at first the target's count). Join keys come from the chain, so
+# each step is a primary-key lookup; UNION (not UNION ALL) ends a corrupt, cyclic chain.
+_up = S.alias("up")
+_cte = _chain(S, S.c.message_count, S.c.message_count).where(_KEY).cte("chain", recursive=True)
+_cte = _cte.union(
+    _chain(_up, _cte.c.lo, _cte.c.lo)
+    .join(_cte, sa.and_(_up.c.team_id == _cte.c.team_id, _up.c.snapshot_id == _cte.c.parent_id))
+    .where(_cte.c.lo > 0)
+)
+MESSAGES = (
+    sa.select(M.c.position, M.c.data)
+    .join(_cte, sa.and_(M.c.team_id == _cte.c.team_id, M.c.snapshot_id == _cte.c.snapshot_id))
+    .where(M.c.position >= _cte.c.lo, M.c.position < _cte.c.hi)
+    .order_by(M.c.position)
+)
+_VALUES = ["session_id", "parent_id", "created_at", "meta", "message_count", "inherited", "digest"]
+CAS = (
+    sa.update(S)
+    .where(_KEY, S.c.version == sa.bindparam("seen"))
+    .values(version=S.c.version + 1, **{c: sa.bindparam(f"new_{c}") for c in _VALUES})
+)
+CHECKPOINT = sa.update(S).where(_KEY).values(inherited=0, version=S.c.version + 1)
+DELETE_MESSAGES = sa.delete(M).where(M.c.team_id == _team, M.c.snapshot_id == sa.bindparam("sid"))
 
 
 class _Conflict(Exception):
@@ -50,33 +110,43 @@ class _Conflict(Exception):
 
 
 def _retryable(exc: Exception) -> bool:
-    """A lost race: duplicate insert, failed version check, deadlock or serialization failure."""
+    """A lost race: duplicate insert, failed version check, deadlock, serialization failure."""
     if isinstance(exc, _Conflict | IntegrityError):
         return True
     return getattr(getattr(exc, "orig", None), "sqlstate", None) in _RETRY_SQLSTATES
 
 
-def _canonical(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+def _json(messages: Sequence[Message]) -> bytes:
+    """The messages as one JSON array, as `model_dump(mode='json')` stores them."""
+    return to_json(messages, by_alias=True, exclude_none=True, fallback=_default_serializer)
 
 
-def _digests(messages: Sequence[dict[str, Any]], marks: set[int]) -> dict[int, str]:
-    """sha256 of messages[:k] for every k in marks and for the whole list, in one pass."""
-    h, out = hashlib.sha256(), {}
-    for i, m in enumerate(messages):
-        if i in marks:
-            out[i] = h.hexdigest()
-        h.update(_canonical(m) + b"\n")
+def _digests(messages: Sequence[Message], cuts: Iterable[int]) -> dict[int, str]:
+    """sha256 of the JSON array of messages[:k] for each k in cuts (k > 0), and of them all.
+
+    One serialization and one pass: a prefix's array is the whole array cut where the tail's
+    starts, then closed. Pydantic writes fields in a fixed order and `json` columns keep key
+    order, so equal messages give equal bytes; a spurious mismatch only costs a checkpoint.
+    """
+    whole, h, pos, out = _json(messages), hashlib.sha256(), 0, {}
+    view = memoryview(whole)
+    for k in sorted(set(cuts)):
+        cut = len(whole) - len(_json(messages[k:])) if k < len(messages) else len(whole) - 1
+        h.update(view[pos:cut])
+        pos, prefix = cut, h.copy()
+        prefix.update(b"]")
+        out[k] = prefix.hexdigest()
+    h.update(view[pos:])
     out[len(messages)] = h.hexdigest()
     return out
 
 
 class SqlSessionStore(SessionStore[Any]):
-    """Snapshots in `agent_snapshots`, their new messages in `agent_messages`.
+    """Snapshots in `agent_snapshots`, the messages each one added in `agent_messages`.
 
-    Saves are one transaction each (all-or-nothing) and safe across processes: the existing
-    row is read `FOR UPDATE` (SQLite: BEGIN IMMEDIATE) and rewritten with a version check;
-    a lost insert race or a failed check rolls back and calls fn again.
+    A save is one transaction (all or nothing) and safe across processes: the row is read
+    FOR UPDATE (SQLite: BEGIN IMMEDIATE) and rewritten only if its version is unchanged; a
+    lost insert race or version check rolls back and runs fn again, up to `max_attempts`.
     """
 
     def __init__(
@@ -100,7 +170,7 @@ class SqlSessionStore(SessionStore[Any]):
         session_id: str | None = None,
         context: dict[str, Any] | None = None,
     ) -> SessionSnapshot | None:
-        """By id, or the session's newest leaf (Genkit's tie-break), loaded in a few queries."""
+        """By id, or the session's newest leaf (Genkit's own pick), in at most 3 queries."""
         require_one_selector(snapshot_id=snapshot_id, session_id=session_id)
         if snapshot_id is not None:
             assert_safe_snapshot_id(snapshot_id=snapshot_id)  # as FileSessionStore does
@@ -109,23 +179,32 @@ class SqlSessionStore(SessionStore[Any]):
             if s.get_bind().dialect.name == "postgresql":  # row and messages from one snapshot
                 await s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
             if snapshot_id is None:
-                snapshot_id = await self._leaf(s, team, cast(str, session_id))
-                if snapshot_id is None:
+                params = {"team": team, "session": session_id}
+                rows = (await s.execute(LEAVES, params)).all()
+                if not rows:  # no rows, or a cyclic history: Genkit's own answer for either
+                    rows = (await s.execute(LIGHT, params)).all()
+                stubs = [
+                    SessionSnapshot(snapshot_id=i, parent_id=p, created_at=c) for i, p, c in rows
+                ]
+                sid = cast(str, session_id)
+                leaf = select_leaf(snapshots=stubs, session_id=sid, reject_ambiguous=False)
+                if leaf is None:
                     return None
-            row = (await s.execute(select(*_ROW).where(*self._key(team, snapshot_id)))).first()
+                snapshot_id = leaf.snapshot_id
+            row = (await s.execute(GET_ROW, {"team": team, "sid": snapshot_id})).first()
             return None if row is None else await self._load(s, team, row)
 
     async def save_snapshot(
         self, snapshot_id: str, fn: SaveFn, *, context: dict[str, Any] | None = None
     ) -> SessionSnapshot | None:
-        """Atomic read-modify-write of one snapshot, with Genkit's own rules (`apply_save`)."""
+        """Atomic read-modify-write of one snapshot under Genkit's own rules (`apply_save`)."""
         assert_safe_snapshot_id(snapshot_id=snapshot_id)
         team = self.team(context)
         for attempt in range(self._max_attempts):
             try:
                 async with self._sessions() as s, s.begin():
-                    query = select(*_ROW).where(*self._key(team, snapshot_id)).with_for_update()
-                    row = (await s.execute(query)).first()
+                    key = {"team": team, "sid": snapshot_id}
+                    row = (await s.execute(LOCK_ROW, key)).first()
                     existing = None if row is None else await self._load(s, team, row)
                     snap = apply_save(existing=existing, snapshot_id=snapshot_id, fn=fn)
                     if snap is not None:
@@ -140,94 +219,40 @@ class SqlSessionStore(SessionStore[Any]):
             message=f"Snapshot {snapshot_id!r}: gave up after {self._max_attempts} conflicts.",
         )
 
-    @staticmethod
-    def _key(team: str, snapshot_id: str) -> tuple[Any, ...]:
-        return (S.team_id == team, S.snapshot_id == snapshot_id)
-
-    async def _leaf(self, s: AsyncSession, team: str, session_id: str) -> str | None:
-        """Leaves (rows no row of the session names as parent) on light rows, then Genkit's pick."""
-        child = aliased(SnapshotRow)
-        owned = (S.team_id == team, S.session_id == session_id)
-        has_child = (
-            select(child.snapshot_id)
-            .where(child.team_id == team, child.session_id == session_id)
-            .where(child.parent_id == S.snapshot_id)
-            .exists()
-        )
-        light = select(S.snapshot_id, S.parent_id, S.created_at).where(*owned)
-        rows = (await s.execute(light.where(~has_child))).all()
-        if not rows:  # none at all, or a cyclic history: Genkit's own answer for either
-            rows = (await s.execute(light)).all()
-        stubs = [SessionSnapshot(snapshot_id=i, parent_id=p, created_at=c) for i, p, c in rows]
-        leaf = select_leaf(snapshots=stubs, session_id=session_id, reject_ambiguous=False)
-        return None if leaf is None else leaf.snapshot_id
-
-    async def _load(self, s: AsyncSession, team: str, row: Row[Any]) -> SessionSnapshot:
+    async def _load(self, s: AsyncSession, team: str, row: _Row) -> SessionSnapshot:
         meta = dict(row.meta)
         if row.message_count is not None:
-            state = dict(meta.get("state", {}))
-            state["messages"] = await self._messages(s, team, row)
-            meta["state"] = state
+            messages = await self._messages(s, team, row)
+            meta["state"] = {**meta.get("state", {}), "messages": messages}
         return SessionSnapshot.model_validate(meta)
 
-    async def _messages(self, s: AsyncSession, team: str, row: Row[Any]) -> list[dict[str, Any]]:
-        """Walk up the parents while messages are inherited; each row gives [lo, hi).
-
-        `hi` is what the row below still needs (the target's count at first), `lo` is
-        min(inherited, hi). UNION, not UNION ALL, so a corrupt cyclic chain still ends.
-        """
-        lo = case((S.inherited < S.message_count, S.inherited), else_=S.message_count)
-        chain = (
-            select(S.snapshot_id, S.parent_id, lo.label("lo"), S.message_count.label("hi"))
-            .where(*self._key(team, row.snapshot_id))
-            .cte("chain", recursive=True)
-        )
-        up = aliased(SnapshotRow)
-        up_lo = case((up.inherited < chain.c.lo, up.inherited), else_=chain.c.lo)
-        chain = chain.union(
-            select(up.snapshot_id, up.parent_id, up_lo, chain.c.lo)
-            .join(chain, and_(up.team_id == team, up.snapshot_id == chain.c.parent_id))
-            .where(chain.c.lo > 0)
-        )
-        query = (
-            select(M.position, M.data)
-            .join(chain, M.snapshot_id == chain.c.snapshot_id)
-            .where(M.team_id == team, M.position >= chain.c.lo, M.position < chain.c.hi)
-            .order_by(M.position)
-        )
-        rows = (await s.execute(query)).all()
+    async def _messages(self, s: AsyncSession, team: str, row: _Row) -> list[dict[str, Any]]:
+        rows = (await s.execute(MESSAGES, {"team": team, "sid": row.snapshot_id})).all()
         if [r.position for r in rows] != list(range(row.message_count)):
             raise GenkitError(
                 status="DATA_LOSS",
-                message=f"Snapshot {row.snapshot_id!r}: stored message chain is incomplete.",
+                message=f"Snapshot {row.snapshot_id!r}: its stored message chain is incomplete.",
             )
         return [r.data for r in rows]
 
     async def _write(
-        self, s: AsyncSession, team: str, snap: SessionSnapshot, old: Row[Any] | None
+        self, s: AsyncSession, team: str, snap: SessionSnapshot, old: _Row | None
     ) -> None:
-        """Insert or compare-and-swap the row; store only the messages the parent lacks."""
+        """Insert, or compare-and-swap, the row; store only the messages the parent lacks."""
+        key = {"team": team, "sid": snap.snapshot_id}
         msgs = snap.state.messages if snap.state is not None else None
-        dumped = [m.model_dump(mode="json", by_alias=True, exclude_none=True) for m in msgs or []]
+        n = len(msgs or [])
         bases: list[tuple[int, str]] = []  # (count, digest) the list may extend, longest first
-        if msgs is not None and snap.parent_id:
-            # FOR SHARE: the parent's messages cannot be rewritten until we commit.
-            grand = aliased(SnapshotRow)
-            query = (
-                select(S.message_count, S.inherited, S.digest, grand.message_count, grand.digest)
-                .outerjoin(grand, and_(grand.team_id == team, grand.snapshot_id == S.parent_id))
-                .where(*self._key(team, snap.parent_id))
-                .with_for_update(read=True, of=S)
-            )
-            parent = (await s.execute(query)).first()
+        if msgs and snap.parent_id and snap.parent_id != snap.snapshot_id:
+            parent = (await s.execute(PARENT, {"team": team, "sid": snap.parent_id})).first()
             if parent is not None and parent[0] is not None:
                 bases.append((parent[0], parent[2]))
-                # A resumed turn rewrites the paused model message's metadata, so it extends
-                # the grandparent's list (which the parent inherited whole) but not the parent's.
+                # A resume rewrites the paused model message (interrupt -> resolvedInterrupt):
+                # the list extends the grandparent's, which the parent inherited whole.
                 if parent[3] is not None and parent[1] == parent[3]:
                     bases.append((parent[3], parent[4]))
-        bases = [(k, d) for k, d in bases if 0 < k <= len(dumped)]
-        digests = _digests(dumped, {k for k, _ in bases})
+        bases = [(k, d) for k, d in bases if 0 < k <= n]
+        digests = _digests(msgs or [], [k for k, _ in bases])
         inherited = next((k for k, d in bases if digests[k] == d), 0)
         values = {
             "session_id": session_id_of(snap),
@@ -236,41 +261,45 @@ class SqlSessionStore(SessionStore[Any]):
             "meta": snap.model_dump(
                 mode="json", by_alias=True, exclude_none=True, exclude={"state": {"messages"}}
             ),
-            "message_count": None if msgs is None else len(dumped),
+            "message_count": None if msgs is None else n,
             "inherited": inherited,
-            "digest": digests[len(dumped)],
+            "digest": digests[n],
         }
         if old is None:
-            await s.execute(insert(S).values(team_id=team, snapshot_id=snap.snapshot_id, **values))
+            await s.execute(sa.insert(S), {"team_id": team, "snapshot_id": key["sid"], **values})
         else:
             was = (old.message_count, old.inherited, old.digest)
-            same = was == (values["message_count"], inherited, values["digest"])
+            same = was == (values["message_count"], inherited, digests[n])
             if not same:  # while the children can still read the old messages
-                await self._detach_children(s, team, snap.snapshot_id)
-            cas = update(S).where(*self._key(team, snap.snapshot_id), S.version == old.version)
-            res = await s.execute(cas.values(version=old.version + 1, **values))
-            if cast(CursorResult[Any], res).rowcount != 1:
+                await self._checkpoint_children(s, team, snap.snapshot_id)
+            new = {f"new_{c}": v for c, v in values.items()}
+            res = await s.execute(CAS, {**key, "seen": old.version, **new})
+            if cast(sa.CursorResult[Any], res).rowcount != 1:
                 raise _Conflict
             if same:
                 return  # status, heartbeat or custom state only: the messages stand
-            await s.execute(delete(M).where(M.team_id == team, M.snapshot_id == snap.snapshot_id))
-        if len(dumped) > inherited:
-            rows = [
-                {"team_id": team, "snapshot_id": snap.snapshot_id, "position": i, "data": d}
-                for i, d in enumerate(dumped[inherited:], start=inherited)
-            ]
-            await s.execute(insert(M), rows)
+            await s.execute(DELETE_MESSAGES, key)
+        tail = (msgs or [])[inherited:]
+        dumped = [m.model_dump(mode="json", by_alias=True, exclude_none=True) for m in tail]
+        await self._insert(s, team, snap.snapshot_id, dumped, inherited)
 
-    async def _detach_children(self, s: AsyncSession, team: str, snapshot_id: str) -> None:
-        """Before a row's messages change, give children that inherit them a full copy."""
-        kids = select(*_ROW).where(S.team_id == team, S.parent_id == snapshot_id, S.inherited > 0)
-        for kid in (await s.execute(kids.with_for_update())).all():
-            full = await self._messages(s, team, kid)
-            await s.execute(delete(M).where(M.team_id == team, M.snapshot_id == kid.snapshot_id))
+    @staticmethod
+    async def _insert(
+        s: AsyncSession, team: str, sid: str, data: list[dict[str, Any]], start: int
+    ) -> None:
+        if data:
             rows = [
-                {"team_id": team, "snapshot_id": kid.snapshot_id, "position": i, "data": d}
-                for i, d in enumerate(full)
+                {"team_id": team, "snapshot_id": sid, "position": i, "data": d}
+                for i, d in enumerate(data, start=start)
             ]
-            await s.execute(insert(M), rows)
-            bump = update(S).where(*self._key(team, kid.snapshot_id))
-            await s.execute(bump.values(inherited=0, version=S.version + 1))
+            await s.execute(sa.insert(M), rows)
+
+    async def _checkpoint_children(self, s: AsyncSession, team: str, snapshot_id: str) -> None:
+        """Before a row's messages change, give the children that inherit them a full copy."""
+        kids = await s.execute(LOCK_KIDS, {"team": team, "sid": snapshot_id})
+        for kid in kids.all():
+            full = await self._messages(s, team, kid)
+            key = {"team": team, "sid": kid.snapshot_id}
+            await s.execute(DELETE_MESSAGES, key)
+            await self._insert(s, team, kid.snapshot_id, full, 0)
+            await s.execute(CHECKPOINT, key)
