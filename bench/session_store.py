@@ -3,7 +3,9 @@
 Simulates a 200-turn conversation (500-character user and model turns, a tool call and its
 response every 5th turn) saved the way Genkit's agent runtime saves it: one new snapshot per
 turn, parented on the previous one, holding the whole state. Runs it against
-`SqlSessionStore` and Genkit's `FileSessionStore` and `InMemorySessionStore`.
+`SqlSessionStore` and Genkit's `FileSessionStore` and `InMemorySessionStore`, and, with the
+`bench` extra installed, the same messages through LangGraph's `AsyncPostgresSaver` on the same
+database: a checkpoint per turn whose `messages` channel (the whole list) gets a new version.
 
     python -m bench.session_store [--database-url URL]
 
@@ -46,6 +48,12 @@ from storage.db import make_engine, make_session_factory
 from storage.migrate import upgrade
 from storage.models import MessageRow, SnapshotRow
 from storage.session_store import SqlSessionStore
+
+try:  # the `bench` extra: pip install -e '.[bench]'
+    from langgraph.checkpoint.base import create_checkpoint, empty_checkpoint
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+except ImportError:
+    AsyncPostgresSaver = None
 
 ADMIN_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 RESULTS = Path(__file__).parent / "results-session-store.json"
@@ -126,6 +134,48 @@ async def simulate(store: SessionStore[Any], measure: Measure, seed: int) -> dic
     return {"times": times, "own": own, "sizes": sizes, "load": statistics.median(loads)}
 
 
+# What one LangGraph save wrote: the checkpoint row's JSON, the channel's new blob, any writes.
+LG_BYTES = """
+SELECT (SELECT octet_length(checkpoint::text) + octet_length(metadata::text) FROM checkpoints
+        WHERE thread_id = %(t)s AND checkpoint_ns = '' AND checkpoint_id = %(c)s)
+     + (SELECT coalesce(sum(octet_length(blob)), 0) FROM checkpoint_blobs
+        WHERE thread_id = %(t)s AND checkpoint_ns = '' AND channel = 'messages' AND version = %(v)s)
+     + (SELECT coalesce(sum(octet_length(blob)), 0) FROM checkpoint_writes
+        WHERE thread_id = %(t)s AND checkpoint_ns = '' AND checkpoint_id = %(c)s) AS n
+"""
+
+
+async def simulate_langgraph(saver: Any, seed: int) -> dict[str, Any]:
+    """The same conversation as a LangGraph app checkpoints it: add_messages hands the loop a
+    new list each turn, the `messages` channel gets a new version, and `aput` stores it whole."""
+    gc.collect()
+    thread = {"thread_id": str(uuid.uuid4()), "checkpoint_ns": ""}
+    config: dict[str, Any] = {"configurable": thread}
+    base, version, history = empty_checkpoint(), None, []
+    times, sizes = [], []
+    for step, added in enumerate(conversation(seed)):
+        dumped = [m.model_dump(mode="json", by_alias=True, exclude_none=True) for m in added]
+        history = [*history, *dumped]
+        version = saver.get_next_version(version, None)
+        base["channel_values"] = {"messages": history}
+        base["channel_versions"] = {"messages": version}
+        checkpoint = create_checkpoint(base, None, step)
+        metadata = {"source": "loop", "step": step, "parents": {}}
+        start = time.perf_counter()
+        config = await saver.aput(config, checkpoint, metadata, {"messages": version})
+        times.append(time.perf_counter() - start)
+        params = {"t": thread["thread_id"], "c": checkpoint["id"], "v": version}
+        sizes.append((await (await saver.conn.execute(LG_BYTES, params)).fetchone())["n"])
+    loads = []
+    for _ in range(3):
+        start = time.perf_counter()
+        got = await saver.aget_tuple({"configurable": thread})  # no checkpoint_id: the latest
+        loads.append(time.perf_counter() - start)
+    assert got is not None and got.checkpoint["id"] == config["configurable"]["checkpoint_id"]
+    assert got.checkpoint["channel_values"]["messages"] == history
+    return {"times": times, "own": times, "sizes": sizes, "load": statistics.median(loads)}
+
+
 def sql_measure(engine: AsyncEngine) -> Measure:
     """Bytes of the JSON payloads the save wrote: the snapshot's meta and its new messages."""
     sessions = make_session_factory(engine)
@@ -175,10 +225,26 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 Setup = Callable[[], tuple[SessionStore[Any], Measure]]
 
 
-async def _bench(setup: Setup) -> dict[str, Any]:
+async def _repeat(sim: Callable[[int], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
     """A warm-up conversation (connections, caches), then REPS measured ones."""
-    await simulate(*setup(), seed=-1)
-    return summarize([await simulate(*setup(), seed=i) for i in range(REPS)])
+    await sim(-1)
+    return summarize([await sim(i) for i in range(REPS)])
+
+
+async def _bench(setup: Setup) -> dict[str, Any]:
+    return await _repeat(lambda seed: simulate(*setup(), seed=seed))
+
+
+async def _langgraph(database_url: str) -> dict[str, Any] | None:
+    """AsyncPostgresSaver on the same database, in its own tables; None without the extra."""
+    if AsyncPostgresSaver is None:
+        print("note: langgraph-checkpoint-postgres is not installed (pip install -e '.[bench]'):")
+        print("      skipping the LangGraph PostgresSaver row.\n")
+        return None
+    dsn = make_url(database_url).set(drivername="postgresql").render_as_string(False)
+    async with AsyncPostgresSaver.from_conn_string(dsn) as saver:
+        await saver.setup()
+        return await _repeat(lambda seed: simulate_langgraph(saver, seed))
 
 
 async def _admin(sql: str) -> None:
@@ -203,6 +269,8 @@ async def run(database_url: str | None) -> dict[str, Any]:
         stores: dict[str, dict[str, Any]] = {}
         sql = SqlSessionStore(make_session_factory(engine))
         stores["sql"] = await _bench(lambda: (sql, sql_measure(engine)))
+        if (langgraph := await _langgraph(database_url)) is not None:
+            stores["langgraph"] = langgraph
         with tempfile.TemporaryDirectory() as tmp:
 
             def files() -> tuple[SessionStore[Any], Measure]:
@@ -231,6 +299,15 @@ async def run(database_url: str | None) -> dict[str, Any]:
         "store_time_turn200_le_2x_turn1": ratios["sql_store_time_turn200_over_turn1"] <= 2,
         "total_le_tenth_of_file": ratios["sql_total_bytes_over_file"] <= 0.1,
     }
+    if (lg := stores.get("langgraph")) is not None:  # LangGraph's own time is all store
+        ratios["sql_total_bytes_over_langgraph"] = round(s["total_bytes"] / lg["total_bytes"], 4)
+        ratios["sql_time_turn200_over_langgraph"] = round(s["time_ms"][200] / lg["time_ms"][200], 2)
+        ratios["sql_store_time_turn200_over_langgraph"] = round(
+            s["store_time_ms"][200] / lg["time_ms"][200], 2
+        )
+        targets["store_time_turn200_lt_langgraph"] = (
+            ratios["sql_store_time_turn200_over_langgraph"] < 1
+        )
     result = {
         "config": {
             "turns": TURNS,
@@ -253,12 +330,12 @@ def _table(stores: dict[str, Any], ratios: dict[str, float], targets: dict[str, 
     cols = [f"bytes@{t}" for t in MARKS] + [f"ms@{t}" for t in MARKS]
     cols += [f"store ms@{t}" for t in MARKS]
     cols += ["mean ms", "total bytes", "load ms"]
-    lines = [f"{'store':<8}" + "".join(f"{c:>13}" for c in cols)]
+    lines = [f"{'store':<10}" + "".join(f"{c:>13}" for c in cols)]
     for name, r in stores.items():
         cells = [r["bytes"][t] for t in MARKS] + [r["time_ms"][t] for t in MARKS]
         cells += [r["store_time_ms"][t] for t in MARKS]
         cells += [r["mean_time_ms"], r["total_bytes"], r["load_ms"]]
-        lines.append(f"{name:<8}" + "".join(f"{c:>13,}" for c in cells))
+        lines.append(f"{name:<10}" + "".join(f"{c:>13,}" for c in cells))
     lines.append("")
     lines += [f"{k}: {v}" for k, v in ratios.items()]
     lines += [f"target {k}: {'met' if ok else 'MISSED'}" for k, ok in targets.items()]
