@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import aiohttp
 from slack_bolt.async_app import AsyncApp
+from slack_bolt.response import BoltResponse
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
     AsyncRateLimitErrorRetryHandler,
@@ -24,12 +26,19 @@ def web_client(token: str, api_url: str | None) -> AsyncWebClient:
 
     A lost approval card strands a request; a duplicate needs Slack to have acted and then
     failed, which is rarer, and the second card's buttons resolve to the same approval.
+
+    Every call goes through one aiohttp session, whose keep-alive connections are reused:
+    without one, slack_sdk opens a session, so a new TCP and TLS connection, per call. Bolt
+    hands this session to the per-request clients it builds. Call it with the event loop
+    running; whoever owns the client closes `client.session`.
     """
     kwargs: dict[str, Any] = {}
     if api_url:
         kwargs["base_url"] = api_url if api_url.endswith("/") else api_url + "/"
     return AsyncWebClient(
         token=token,
+        # slack_sdk's own default timeout; it sets none per request on a shared session.
+        session=aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)),
         retry_handlers=[
             AsyncConnectionErrorRetryHandler(max_retry_count=2),
             AsyncRateLimitErrorRetryHandler(max_retry_count=3),
@@ -37,6 +46,16 @@ def web_client(token: str, api_url: str | None) -> AsyncWebClient:
         ],
         **kwargs,
     )
+
+
+def raised_by_us(error: BaseException) -> bool:
+    """Whether the error came out of this package's code (a listener), not Bolt's alone."""
+    tb = error.__traceback__
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).startswith("bot."):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def build_app(
@@ -50,9 +69,19 @@ def build_app(
     )
 
     @app.error
-    async def on_error(error: Exception, body: dict[str, Any]) -> None:
-        # The one place unhandled listener errors land: full detail to the log, none to Slack.
-        log.error("listener failed for a %s request", body.get("type"), exc_info=error)
+    async def on_error(
+        error: Exception, body: dict[str, Any], response: BoltResponse | None
+    ) -> BoltResponse | None:
+        # The one place unhandled errors land: full detail to the log, none to Slack.
+        kind = body.get("type") if isinstance(body, dict) else None
+        if response is not None and not raised_by_us(error):
+            # Bolt itself (its middleware or listener matching) failed before any listener
+            # ran: it indexes into fields Slack always sends, so the payload is malformed.
+            # The sender's fault, not a 500. Our listeners' own failures stay 500s.
+            log.warning("malformed %s request: %r", kind, error)
+            return BoltResponse(status=400, body="")
+        log.error("listener failed for a %s request", kind, exc_info=error)
+        return None
 
     listeners.register(app, deps)
     return app

@@ -30,11 +30,15 @@ from bot import blocks
 
 log = logging.getLogger(__name__)
 
+PERMALINKS_KEPT = 4096
+
 
 class Delivery:
     def __init__(self, workflow: Workflow, *, clock: Callable[[], datetime]) -> None:
         self._workflow = workflow
         self._clock = clock
+        # A message's permalink never changes: ask Slack once per message, not per redraw.
+        self._permalinks: dict[tuple[str, str], str] = {}
 
     async def outcome(
         self, client: AsyncWebClient, outcome: TurnOutcome, *, placeholder: str | None = None
@@ -131,6 +135,9 @@ class Delivery:
         return await self._permalink(client, Thread("", approval.card_channel, str(posted["ts"])))
 
     async def _permalink(self, client: AsyncWebClient, thread: Thread) -> str | None:
+        key = (thread.channel_id, thread.thread_ts)
+        if (known := self._permalinks.get(key)) is not None:
+            return known
         try:
             response = await client.chat_getPermalink(
                 channel=thread.channel_id, message_ts=thread.thread_ts
@@ -138,4 +145,9 @@ class Delivery:
         except SlackApiError:
             return None
         link = response.get("permalink")
-        return str(link) if link else None
+        if not link:
+            return None
+        if len(self._permalinks) >= PERMALINKS_KEPT:
+            del self._permalinks[next(iter(self._permalinks))]  # the oldest
+        self._permalinks[key] = str(link)
+        return str(link)

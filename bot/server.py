@@ -9,8 +9,10 @@ import signal
 from datetime import timedelta
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
+from slack_sdk.signature import SignatureVerifier
 from sqlalchemy import text
 
 from agent.assemble import build_workflow, new_uuid, utc_now
@@ -28,6 +30,39 @@ from storage.migrate import upgrade
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE = 25.0  # seconds for in-flight turns; what is cut off stays resumable
+SLACK_PATH = "/slack/events"
+
+
+def signed_only(signing_secret: str) -> Middleware:
+    """Let only correctly signed requests reach Bolt, and never let a body become a 500.
+
+    Bolt parses a body before it checks the signature, and raises on what Slack never sends
+    (bytes that are not UTF-8, JSON that is not an object, a `payload=` that is not JSON, a
+    timestamp that is not a number); aiohttp answered those with a 500 to anyone who asked.
+    Now: no valid signature, 401 whatever the body; signed but unreadable, 400.
+    """
+    verifier = SignatureVerifier(signing_secret)
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method != "POST" or request.path != SLACK_PATH:
+            return await handler(request)
+        body = await request.read()
+        try:
+            signed = verifier.is_valid_request(body, dict(request.headers))
+        except ValueError:  # a timestamp that is not a number
+            signed = False
+        if not signed:
+            return web.json_response({"error": "invalid request"}, status=401)
+        try:
+            return await handler(request)
+        except web.HTTPException:
+            raise
+        except Exception as exc:
+            log.warning("a signed request Bolt could not read: %r", exc)
+            return web.json_response({"error": "malformed request"}, status=400)
+
+    return guard
 
 
 class Service:
@@ -87,7 +122,9 @@ class Service:
             api_url=s.SLACK_API_URL,
         )
         # Socket Mode gets no Slack route: unsigned HTTP requests must never reach Bolt.
-        web_app = web.Application() if s.socket_mode else app.web_app(path="/slack/events")
+        web_app = web.Application() if s.socket_mode else app.web_app(path=SLACK_PATH)
+        if not s.socket_mode and signing is not None:
+            web_app.middlewares.append(signed_only(signing))
         web_app.router.add_get("/healthz", self._healthz)
         self._runner = web.AppRunner(web_app, access_log=None)
         await self._runner.setup()
@@ -114,6 +151,8 @@ class Service:
             cut = await self.deps.background.drain(SHUTDOWN_GRACE)
             if cut:
                 log.warning("%d turns were cut off by shutdown; the sweep resumes them", cut)
+        if self.app is not None and self.app.client.session is not None:
+            await self.app.client.session.close()  # after the turns: they post to Slack
         await self._engine.dispose()
 
     async def _healthz(self, request: web.Request) -> web.Response:
@@ -131,6 +170,12 @@ class Service:
         while True:
             try:
                 report = await self.deps.workflow.sweep()
+                if report.expired or report.resumed:
+                    log.info(
+                        "recovery sweep resumed %d turn(s), expired %d approval(s)",
+                        len(report.resumed),
+                        len(report.expired),
+                    )
                 await self.deps.delivery.sweep(self.app.client, report)
                 async with self.deps.sessions.begin() as db:
                     await events.forget_before(db, utc_now() - timedelta(days=1))

@@ -15,6 +15,7 @@ from agent.policy import ApproverFacts
 from agent.workflow import DecisionRefused
 from bot import blocks
 from bot.deps import Deps
+from bot.listeners.fields import obj, slack_id
 
 APPROVAL_ID = re.compile(r"^[0-9a-f-]{8,64}$")
 
@@ -22,17 +23,17 @@ APPROVAL_ID = re.compile(r"^[0-9a-f-]{8,64}$")
 def clicked(body: dict[str, Any]) -> tuple[str, str, str | None, str] | None:
     """(team, user, channel, approval id) from a block_actions payload, or None if malformed."""
     actions = body.get("actions")
-    user = (body.get("user") or {}).get("id")
-    team = (body.get("team") or {}).get("id") or (body.get("user") or {}).get("team_id")
-    channel = (body.get("channel") or {}).get("id")
+    user = obj(body.get("user")).get("id")
+    team = obj(body.get("team")).get("id") or obj(body.get("user")).get("team_id")
+    channel = obj(body.get("channel")).get("id")
     if not (isinstance(actions, list) and actions and isinstance(actions[0], dict)):
         return None
     value = actions[0].get("value")
-    if not (isinstance(user, str) and isinstance(team, str) and isinstance(value, str)):
+    if not (slack_id(user) and slack_id(team) and isinstance(value, str)):
         return None
     if not APPROVAL_ID.match(value):
         return None
-    return team, user, channel if isinstance(channel, str) else None, value
+    return team, user, channel if slack_id(channel) else None, value
 
 
 async def facts_for(

@@ -14,6 +14,7 @@ from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext
 from agent.policy import Policy, UnknownTool
 from bot.blocks import escape
 from bot.deps import Deps
+from bot.listeners.fields import slack_id
 
 HELP = """*`/approvals`* — who approves what the agent does
 • `list` — every tool: allowed or needs approval, channel, approvers, timeout
@@ -30,7 +31,7 @@ CHANGING = {"allow", "require", "route", "approvers", "timeout"}
 CHANNEL = re.compile(r"^<#([CG][A-Z0-9]+)(?:\|[^>]*)?>$|^([CG][A-Z0-9]+)$")
 USER = re.compile(r"^<@([UW][A-Z0-9]+)(?:\|[^>]*)?>$")
 GROUP = re.compile(r"^<!subteam\^([S][A-Z0-9]+)(?:\|[^>]*)?>$")
-DURATION = re.compile(r"^(\d+)\s*([smhd])$")
+DURATION = re.compile(r"^(\d{1,6})\s*([smhd])$")  # more digits: timedelta overflows
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
@@ -95,7 +96,7 @@ def register(app: AsyncApp, deps: Deps) -> None:
     async def on_command(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:
         team, user = body.get("team_id"), body.get("user_id")
         words = str(body.get("text") or "").split()
-        if not isinstance(team, str) or not isinstance(user, str) or context.client is None:
+        if not slack_id(team) or not slack_id(user) or context.client is None:
             await ack(text="I couldn't read that command.")
             return
         verb, args = (words[0].lower(), words[1:]) if words else ("help", [])

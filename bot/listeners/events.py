@@ -12,6 +12,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from agent.workflow import Thread
 from bot import blocks
 from bot.deps import Deps
+from bot.listeners.fields import message_ts, obj, slack_id
 from storage import events
 
 STREAM_INTERVAL = 1.0  # seconds between placeholder updates: chat.update is rate limited
@@ -19,16 +20,18 @@ STREAM_INTERVAL = 1.0  # seconds between placeholder updates: chat.update is rat
 
 def register(app: AsyncApp, deps: Deps) -> None:
     async def handle(body: dict[str, Any], context: AsyncBoltContext, mention: bool) -> None:
-        event = body.get("event") or {}
-        if event.get("subtype") or event.get("bot_id") or not isinstance(event.get("user"), str):
+        event = obj(body.get("event"))
+        if event.get("subtype") or event.get("bot_id") or not slack_id(event.get("user")):
             return  # edits, deletions, joins and other bots' messages are not requests
         team = context.team_id or body.get("team_id")
         channel, ts = event.get("channel"), event.get("ts")
-        if not (isinstance(team, str) and isinstance(channel, str) and isinstance(ts, str)):
+        thread_ts, text = event.get("thread_ts") or ts, event.get("text") or ""
+        if not (slack_id(team) and slack_id(channel) and message_ts(ts)):
             return
-        text = str(event.get("text") or "")
+        if not (message_ts(thread_ts) and isinstance(text, str)):
+            return
         bot_mention = f"<@{context.bot_user_id}>"
-        thread = Thread(team, channel, str(event.get("thread_ts") or ts))
+        thread = Thread(team, channel, thread_ts)
         # In channels the app_mention event handles mentions; other messages only continue
         # threads the bot is already part of.
         in_channel = not mention and event.get("channel_type") != "im"

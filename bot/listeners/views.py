@@ -11,15 +11,16 @@ from agent.workflow import DecisionRefused
 from bot import blocks
 from bot.deps import Deps
 from bot.listeners.actions import APPROVAL_ID, facts_for, resume_when_ready
+from bot.listeners.fields import obj, slack_id
 
 MAX_REASON = 500
 
 
 def submitted(body: dict[str, Any]) -> tuple[str, str, str | None, str, str | None] | None:
     """(team, user, channel, approval id, reason) from a view_submission, or None."""
-    view = body.get("view") or {}
-    user = (body.get("user") or {}).get("id")
-    team = (body.get("team") or {}).get("id") or (body.get("user") or {}).get("team_id")
+    view = obj(body.get("view"))
+    user = obj(body.get("user")).get("id")
+    team = obj(body.get("team")).get("id") or obj(body.get("user")).get("team_id")
     try:
         meta = json.loads(view.get("private_metadata") or "")
     except (TypeError, ValueError):
@@ -27,13 +28,16 @@ def submitted(body: dict[str, Any]) -> tuple[str, str, str | None, str, str | No
     if not isinstance(meta, dict):
         return None
     approval_id, channel = meta.get("approval_id"), meta.get("channel")
-    if not (isinstance(user, str) and isinstance(team, str) and isinstance(approval_id, str)):
+    if not (slack_id(user) and slack_id(team) and isinstance(approval_id, str)):
         return None
-    if not APPROVAL_ID.match(approval_id) or not (channel is None or isinstance(channel, str)):
+    if not APPROVAL_ID.match(approval_id) or not (channel is None or slack_id(channel)):
         return None
-    field = ((view.get("state") or {}).get("values") or {}).get("reason") or {}
-    reason = (field.get("reason") or {}).get("value")
-    reason = (reason.strip()[:MAX_REASON] or None) if isinstance(reason, str) else None
+    field = obj(obj(obj(view.get("state")).get("values")).get("reason"))
+    reason = obj(field.get("reason")).get("value")
+    if isinstance(reason, str):  # free text; PostgreSQL stores no NUL
+        reason = reason.replace("\x00", "").strip()[:MAX_REASON] or None
+    else:
+        reason = None
     return team, user, channel, approval_id, reason
 
 
