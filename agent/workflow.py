@@ -185,9 +185,9 @@ class Workflow:
             if waiting is not None:
                 pending = await approvals.turn_approvals(db, waiting.id)
                 return Busy(thread, tuple([await self._info(db, a, thread) for a in pending]))
-            if not await approvals.claim_conversation(
-                db, conv.id, now=now, until=now + self._lease
-            ):
+            # Held for as long as the turn may run, so a second message never forks it.
+            until = now + self._turn_timeout + self._lease
+            if not await approvals.claim_conversation(db, conv.id, now=now, until=until):
                 return Busy(thread)
         scope = TurnScope(team_id=thread.team_id, requester=requester)
         try:
@@ -235,9 +235,8 @@ class Workflow:
             heartbeat.cancel()
         policies = await self._interrupt_policies(thread.team_id, out)
         async with self._sessions.begin() as db:
-            final = TurnState.DONE
             if not await approvals.finish_turn(
-                db, turn.id, attempt=turn.attempts, state=final, now=self._clock()
+                db, turn.id, attempt=turn.attempts, state=TurnState.DONE, now=self._clock()
             ):
                 log.error("turn %s lost its lease while resuming; dropping this result", turn.id)
                 return None
