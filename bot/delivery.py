@@ -55,11 +55,12 @@ class Delivery:
         await self.say(client, outcome.thread, message, replace=placeholder)
 
     async def resumed(self, client: AsyncWebClient, resumed: Resumed) -> None:
+        # The thread first: the requester is waiting for the answer; the cards' redraw can
+        # follow it. A failure the sweep retries stays quiet until it is settled.
+        if not (isinstance(resumed.outcome, Failed) and resumed.outcome.retrying):
+            await self.outcome(client, resumed.outcome)
         for approval in resumed.settled:
             await self.refresh_card(client, approval)
-        if isinstance(resumed.outcome, Failed) and resumed.outcome.retrying:
-            return  # the sweep retries quietly; the thread hears once it is settled
-        await self.outcome(client, resumed.outcome)
 
     async def sweep(self, client: AsyncWebClient, report: SweepReport) -> None:
         for approval in report.uncarded:

@@ -1,0 +1,89 @@
+"""`python -m bench`: every benchmark, one combined summary, bench/results.json.
+
+    python -m bench [--only store|bot] [--quick] [--database-url URL]
+
+- store: bench/session_store.py (bytes and time per save as a conversation grows);
+- bot: bench/bot.py (latency, throughput, acks under a burst, contention; against a bare
+  Bolt + Genkit baseline).
+
+Each prints its own table and writes its own JSON (bench/results-*.json) as well. Without
+--database-url each creates a temporary PostgreSQL database on 127.0.0.1:5432 and drops it.
+--quick runs fewer rounds of the bot benchmark (the store benchmark has one size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results.json"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 10 else f"{value:,.1f}"
+    return "-" if value is None else str(value)
+
+
+def summary(results: dict[str, Any]) -> str:
+    lines = ["", "=" * 78, "summary", "=" * 78]
+    store = results.get("session_store")
+    if isinstance(store, dict):
+        lines.append("session store")
+        for name, value in (store.get("ratios") or {}).items():
+            lines.append(f"  {name:<52}{_fmt(value):>12}")
+        for name, met in (store.get("targets") or {}).items():
+            lines.append(f"  target {name:<45}{'met' if met else 'MISSED':>12}")
+    elif store is not None:
+        lines.append(f"session store: {store}")
+    bot = results.get("bot")
+    if isinstance(bot, dict):
+        lines.append("bot")
+        for name, ratio in (bot.get("ratios_ours_over_baseline") or {}).items():
+            lines.append(f"  ours/baseline {name:<38}{_fmt(ratio):>12}")
+        for name, t in (bot.get("targets") or {}).items():
+            verdict = "met" if t["met"] else "MISSED"
+            lines.append(f"  target {name:<45}{verdict:>12}  ({_fmt(t['value'])} vs {t['limit']})")
+    lines.append(f"elapsed: {results['elapsed_s']} s; written: {RESULTS}")
+    return "\n".join(lines)
+
+
+async def run(only: str | None, quick: bool, database_url: str | None) -> dict[str, Any]:
+    started = time.perf_counter()
+    results: dict[str, Any] = {}
+    if only in (None, "store"):
+        try:
+            store = importlib.import_module("bench.session_store")
+        except ImportError as exc:
+            results["session_store"] = f"not available ({exc})"
+        else:
+            print("== session store ==", file=sys.stderr, flush=True)
+            results["session_store"] = await store.run(database_url)
+    if only in (None, "bot"):
+        from bench import bot
+
+        print("== bot ==", file=sys.stderr, flush=True)
+        results["bot"] = await bot.run(database_url, quick=quick)
+    results["elapsed_s"] = round(time.perf_counter() - started, 1)
+    RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(summary(results))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("store", "bot"))
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (bot benchmark)")
+    parser.add_argument("--database-url", help="an existing PostgreSQL database to use")
+    args = parser.parse_args()
+    asyncio.run(run(args.only, args.quick, args.database_url))
+
+
+if __name__ == "__main__":
+    main()

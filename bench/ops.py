@@ -1,0 +1,209 @@
+"""Where the bot's CPU goes, measured directly: each workflow step, in process, on its own.
+
+    python -m bench.ops [--database-url URL] [--n 200]
+
+Profilers mislead here: cProfile loses track across SQLAlchemy's greenlet switches, and
+py-spy counts a thread preempted right after waking PostgreSQL as busy. So instead each
+step the bot takes per conversation is timed in a loop by process CPU time
+(`time.process_time`, this process only: PostgreSQL's own CPU is not in it) against a real
+PostgreSQL, with a model that answers in-process (no HTTP) and no Slack at all:
+
+- the storage reads and writes the listeners and the workflow make, one by one;
+- the agent's two turns through Workflow (start_turn + decide + continue_turn), and the
+  same two turns through a bare Genkit agent (InMemorySessionStore, stock ToolApproval),
+  so the difference is what the database work costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import statistics
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from genkit.exp import AgentFinishReason, Genkit, InMemorySessionStore
+from genkit.model import ModelRequest, ModelResponse
+from genkit_middleware import ToolApproval
+
+from agent.assemble import build_workflow, utc_now
+from agent.policy import ApproverFacts, PolicyDefaults
+from agent.runtime import AgentConfig
+from agent.workflow import AwaitingApproval, Thread
+from bench.bot import temporary_database
+from storage import events
+from storage.db import make_engine, make_session_factory
+from tests.fakes import scripted_model as sm
+
+RESULTS = Path(__file__).parent / "results-ops.json"
+TEAM = f"TOPS{uuid.uuid4().hex[:6].upper()}"
+CHANNEL = "C0OPSAPPR"
+
+
+def reply(request: ModelRequest[Any]) -> ModelResponse:
+    """transferMoney for a user message, text after the tool's response."""
+    if sm.tool_responses(request):
+        return sm.text("Done.")
+    return sm.calls(("transferMoney", {"amount": 5, "toAccount": "12345"}))
+
+
+def scripted(ai: Genkit) -> None:
+    async def model_fn(request: ModelRequest[Any], ctx: Any) -> ModelResponse:
+        return reply(request)
+
+    ai.define_model(name="bench", fn=model_fn)
+
+
+async def cpu_ms(step: Callable[[int], Awaitable[Any]], n: int) -> dict[str, float]:
+    """Median of 5 batches of CPU ms per call, after a warm-up batch."""
+    for i in range(max(3, n // 10)):
+        await step(-1 - i)
+    batches = []
+    size = max(1, n // 5)
+    for b in range(5):
+        gc.collect()
+        t0, w0 = time.process_time(), time.perf_counter()
+        for i in range(size):
+            await step(b * size + i)
+        batches.append(((time.process_time() - t0) / size, (time.perf_counter() - w0) / size))
+    return {
+        "cpu_ms": round(statistics.median(c for c, _ in batches) * 1000, 3),
+        "wall_ms": round(statistics.median(w for _, w in batches) * 1000, 3),
+    }
+
+
+async def run(database_url: str | None = None, n: int = 200) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    async with temporary_database(database_url) as url:
+        engine = make_engine(url)
+        sessions = make_session_factory(engine)
+        config = AgentConfig(model="bench", tool_modules=("agent.example_tools",))
+        workflow = build_workflow(
+            sessions,
+            config,
+            defaults=PolicyDefaults(channel=CHANNEL, timeout=timedelta(hours=1)),
+            setup=scripted,
+        )
+        run_id = uuid.uuid4().hex[:8]
+
+        def thread(i: int) -> Thread:
+            return Thread(TEAM, "D0OPS", f"{run_id}.{i + 10_000_000}")
+
+        async def paused(i: int) -> AwaitingApproval:
+            out = await workflow.start_turn(thread(i), "UEMP", "send 5 to 12345")
+            assert isinstance(out, AwaitingApproval), out
+            return out
+
+        # One approval to read over and over.
+        sample = (await paused(-100)).approvals[0]
+
+        async def seen_event(i: int) -> None:
+            async with sessions.begin() as db:
+                await events.first_delivery(db, f"Ev{run_id}{i}", now=utc_now())
+
+        async def approval(i: int) -> None:
+            await workflow.approval(TEAM, sample.id)
+
+        async def policy(i: int) -> None:
+            await workflow.policies.get(TEAM, "transferMoney")
+
+        async def attach(i: int) -> None:
+            await workflow.attach_card(sample.id, channel=CHANNEL, ts="1.2")
+
+        async def select_1(i: int) -> None:
+            async with engine.connect() as conn:
+                await conn.exec_driver_sql("SELECT 1")
+
+        steps: dict[str, Callable[[int], Awaitable[Any]]] = {
+            "engine.connect + SELECT 1 (the floor)": select_1,
+            "events.first_delivery (dedup insert)": seen_event,
+            "workflow.approval (approval + turn + conversation)": approval,
+            "policies.get": policy,
+            "workflow.attach_card": attach,
+        }
+        for name, step in steps.items():
+            results[name] = await cpu_ms(step, n)
+
+        start_ids: dict[int, AwaitingApproval] = {}
+
+        async def start_turn(i: int) -> None:
+            start_ids[i] = await paused(i)
+
+        results["workflow.start_turn → interrupt (turn 1)"] = await cpu_ms(start_turn, n)
+
+        async def decide(i: int) -> None:
+            await workflow.decide(
+                TEAM,
+                start_ids[i].approvals[0].id,
+                "UBOSS",
+                approve=True,
+                facts=ApproverFacts(in_channel=True),
+            )
+
+        results["workflow.decide"] = await cpu_ms(decide, n)
+
+        async def resume(i: int) -> None:
+            resumed = await workflow.continue_turn(start_ids[i].approvals[0].turn_id)
+            assert resumed is not None
+
+        results["workflow.continue_turn → reply (turn 2)"] = await cpu_ms(resume, n)
+        await engine.dispose()
+
+    # The same two turns with no database: Genkit alone.
+    ai = Genkit()
+    scripted(ai)
+    from agent.example_tools import register
+
+    agent = ai.define_agent(
+        name="bare",
+        model="bench",
+        system="s",
+        tools=register(ai),
+        use=[ToolApproval()],
+        store=InMemorySessionStore(),
+    )
+
+    async def bare(i: int) -> None:
+        out = await agent.chat().send("send 5 to 12345")
+        assert out.finish_reason == AgentFinishReason.INTERRUPTED
+        chat = agent.chat(snapshot_id=out.snapshot_id)
+        meta = {"toolApproved": True}
+        done = await chat.resume(restart=[out.interrupts[0].restart(resumed_metadata=meta)])
+        assert done.text
+
+    results["bare Genkit: both turns, InMemorySessionStore"] = await cpu_ms(bare, n)
+
+    two = ("workflow.start_turn → interrupt (turn 1)", "workflow.continue_turn → reply (turn 2)")
+    ours = sum(results[k]["cpu_ms"] for k in (*two, "workflow.decide"))
+    summary = {
+        "workflow_cpu_ms_per_conversation": round(ours, 2),
+        "bare_genkit_cpu_ms_per_conversation": results[
+            "bare Genkit: both turns, InMemorySessionStore"
+        ]["cpu_ms"],
+    }
+    out = {"n": n, "steps": results, "summary": summary}
+    width = max(len(k) for k in results) + 2
+    print(f"{'step (in process, sequential)':<{width}}{'CPU ms':>9}{'wall ms':>9}")
+    for name, r in results.items():
+        print(f"{name:<{width}}{r['cpu_ms']:>9.2f}{r['wall_ms']:>9.2f}")
+    print(json.dumps(summary))
+    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database-url")
+    parser.add_argument("--n", type=int, default=200)
+    args = parser.parse_args()
+    asyncio.run(run(args.database_url, args.n))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Summaries of the service's profiles, by component (SQLAlchemy, Genkit, Bolt, ...).
+
+- py-spy (`py-spy record --format raw`, collapsed stacks): wall-clock samples of a thread
+  that is not idle, so time spent runnable but preempted (2 cores shared with PostgreSQL)
+  shows up in whatever frame was current, typically a socket write that woke PostgreSQL.
+  Each sample is charged to the innermost known component ("self") and to every component
+  on its stack ("inclusive").
+- cProfile (bench.serve with $BENCH_CPROFILE): deterministic, timed by process CPU time;
+  builtins (C functions) are charged to the component of their callers.
+
+    python -m bench.profile bench/profile-bot.txt
+    python -m bench.profile bench/profile-bot.pstats [conversations]
+"""
+
+from __future__ import annotations
+
+import pstats
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+# Checked in order: the first match names the component.
+COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("asyncpg", ("asyncpg/",)),
+    ("SQLAlchemy", ("sqlalchemy/",)),
+    ("Gemini plugin + google-genai", ("genkit_google_genai/", "google/genai/")),
+    ("genkit-middleware", ("genkit_middleware/",)),
+    ("Genkit", ("genkit/",)),
+    ("OpenTelemetry", ("opentelemetry/",)),
+    ("Bolt", ("slack_bolt/",)),
+    ("slack_sdk", ("slack_sdk/",)),
+    ("aiohttp + yarl + multidict", ("aiohttp/", "yarl/", "multidict/")),
+    ("httpx/httpcore", ("httpx/", "httpcore/", "anyio/")),
+    ("pydantic", ("pydantic/", "pydantic_core/")),
+    ("json", ("json/",)),
+    ("logging", ("logging/",)),
+    ("structlog", ("structlog/",)),
+    ("Greenlight: bot/", ("bot/",)),
+    ("Greenlight: agent/", ("agent/",)),
+    ("Greenlight: storage/", ("storage/",)),
+    ("tests.ledger_tools", ("ledger_tools",)),
+    ("asyncio", ("asyncio/", "uvloop/")),
+)
+
+
+def component(frame: str) -> str | None:
+    where = frame[frame.rfind("(") + 1 :] if "(" in frame else frame
+    for name, needles in COMPONENTS:
+        if any(n in where for n in needles):
+            return name
+    return None
+
+
+def _parse(raw: str) -> list[tuple[list[str], int]]:
+    samples = []
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            samples.append((stack.split(";"), int(count)))
+    return samples
+
+
+def summarize_collapsed(raw: str, top: int = 25) -> dict[str, Any]:
+    samples = _parse(raw)
+    total = sum(n for _, n in samples) or 1
+    self_by: Counter[str] = Counter()
+    incl_by: Counter[str] = Counter()
+    leaf: Counter[str] = Counter()
+    ours: Counter[str] = Counter()
+    for frames, n in samples:
+        leaf[frames[-1]] += n
+        names = [component(f) for f in frames]
+        innermost = next((c for c in reversed(names) if c is not None), "other")
+        self_by[innermost] += n
+        for c in set(names) - {None}:
+            incl_by[str(c)] += n
+        for f in {f for f, c in zip(frames, names, strict=True) if c and "Greenlight" in c}:
+            ours[f] += n
+
+    def share(counter: Counter[str], k: int | None = None) -> dict[str, float]:
+        return {name: round(100 * v / total, 1) for name, v in counter.most_common(k)}
+
+    return {
+        "samples": total,
+        "self_percent": share(self_by),
+        "inclusive_percent": share(incl_by),
+        "top_leaf_frames_percent": share(leaf, top),
+        "greenlight_frames_inclusive_percent": share(ours, top),
+    }
+
+
+def render(summary: dict[str, Any]) -> str:
+    lines = [f"py-spy samples: {summary['samples']}"]
+    for key in (
+        "self_percent",
+        "inclusive_percent",
+        "top_leaf_frames_percent",
+        "greenlight_frames_inclusive_percent",
+    ):
+        lines.append(f"\n{key}:")
+        lines += [f"  {pct:5.1f}%  {name}" for name, pct in summary[key].items()]
+    return "\n".join(lines)
+
+
+def summarize_pstats(path: Path, conversations: int = 0, top: int = 30) -> dict[str, Any]:
+    """CPU seconds by component, top functions by own time, Greenlight's by cumulative."""
+    stats: dict[Any, Any] = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in stats.values()) or 1e-9
+    by_component: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    ours: Counter[str] = Counter()
+    for (filename, line, func), (_, _calls, tottime, cumtime, callers) in stats.items():
+        name = f"{func} ({filename.split('site-packages/')[-1]}:{line})"
+        own[name] += tottime
+        if filename == "~":  # a builtin: charge its callers' components
+            for (cfile, _, _), caller in callers.items():
+                by_component[component(cfile) or "other"] += caller[2]
+        else:
+            where = component(filename) or "other"
+            by_component[where] += tottime
+            if where.startswith("Greenlight"):
+                ours[name] = max(ours[name], cumtime)
+
+    def ms(counter: Counter[str], k: int | None = None) -> dict[str, float]:
+        per = max(conversations, 1)
+        return {n: round(1000 * v / per, 2) for n, v in counter.most_common(k)}
+
+    return {
+        "cpu_s": round(total, 2),
+        "per": f"ms per conversation ({conversations})" if conversations else "ms in total",
+        "by_component": ms(by_component),
+        "top_own_time": ms(own, top),
+        "greenlight_cumulative": ms(ours, top),
+    }
+
+
+def render_pstats(summary: dict[str, Any]) -> str:
+    lines = [f"cProfile, process CPU time: {summary['cpu_s']} s; figures in {summary['per']}"]
+    for key in ("by_component", "top_own_time", "greenlight_cumulative"):
+        lines.append(f"\n{key}:")
+        lines += [f"  {v:8.2f}  {name}" for name, v in summary[key].items()]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/profile-bot.txt")
+    if path.suffix == ".pstats":
+        n = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+        print(render_pstats(summarize_pstats(path, n)))
+    else:
+        print(render(summarize_collapsed(path.read_text())))
+
+
+if __name__ == "__main__":
+    main()

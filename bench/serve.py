@@ -1,0 +1,193 @@
+"""`python -m bench.serve`: the service as `python -m bot` runs it, bound to 127.0.0.1.
+
+Same settings (read from the environment), same logging set-up, same `bot.server.serve`; the
+only differences are the host (`python -m bot` listens on every interface) and probes that
+cost a few microseconds per statement:
+
+- SQLAlchemy event counters: statements (by verb), transactions begun / committed / rolled
+  back, pool checkouts (each is a pre-ping round trip), new connections, and wall time spent
+  inside statements;
+- on SIGUSR1 the counters are written as JSON to $BENCH_STATS_FILE, so the benchmark can
+  take a delta around each phase;
+- SIGUSR2 starts recording every statement, transaction boundary and pool checkout with its
+  time (perf_counter: CLOCK_MONOTONIC, comparable across processes); the next SIGUSR2 stops
+  and writes them to $BENCH_STATS_FILE with the suffix `.trace.json`;
+- garbage collections are timed (gc.callbacks): count, total and longest pause per
+  generation, in the same SIGUSR1 dump;
+- an experiment, off by default: BENCH_UVLOOP=1 runs the loop on uvloop;
+- with $BENCH_CPROFILE set, cProfile (timed by process CPU time, not wall time) runs from
+  start-up to shut-down and writes its stats to that path. It is of limited use: it loses
+  track across SQLAlchemy's greenlet switches (see bench/ops.py for direct CPU figures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import gc
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.pool import Pool
+
+from bot.server import serve as bot_serve
+from bot.settings import ConfigError, Settings, load_settings
+
+
+class SqlStats:
+    """Counts what the service asks of the database, through SQLAlchemy's events."""
+
+    def __init__(self) -> None:
+        self.statements: Counter[str] = Counter()
+        self.statement_seconds = 0.0
+        self.begins = 0
+        self.commits = 0
+        self.rollbacks = 0
+        self.checkouts = 0
+        self.connects = 0
+        self.dumps = 0
+        self.trace: list[tuple[float, str]] | None = None
+        self.gc_count = [0, 0, 0]
+        self.gc_seconds = [0.0, 0.0, 0.0]
+        self.gc_longest = [0.0, 0.0, 0.0]
+        self._gc_started = 0.0
+
+    def install(self) -> None:
+        event.listen(Engine, "before_cursor_execute", self._before)
+        event.listen(Engine, "after_cursor_execute", self._after)
+        event.listen(Engine, "begin", self._begin)
+        event.listen(Engine, "commit", self._commit)
+        event.listen(Engine, "rollback", self._rollback)
+        event.listen(Pool, "checkout", self._checkout)
+        event.listen(Pool, "connect", self._connect)
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+            return
+        generation = int(info.get("generation", 0))
+        took = time.perf_counter() - self._gc_started
+        self.gc_count[generation] += 1
+        self.gc_seconds[generation] += took
+        self.gc_longest[generation] = max(self.gc_longest[generation], took)
+
+    def _before(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        conn.info.setdefault("bench_started", []).append(time.perf_counter())
+        verb = statement.lstrip().split(None, 1)[0].upper() if statement.strip() else "?"
+        self.statements[verb] += 1
+        if self.trace is not None:
+            self.trace.append((time.perf_counter(), " ".join(statement.split())[:160]))
+
+    def _after(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        started = conn.info.get("bench_started")
+        if started:
+            self.statement_seconds += time.perf_counter() - started.pop()
+
+    def _mark(self, what: str) -> None:
+        if self.trace is not None:
+            self.trace.append((time.perf_counter(), what))
+
+    def _begin(self, conn: Any) -> None:
+        self.begins += 1
+        self._mark("(begin)")
+
+    def _commit(self, conn: Any) -> None:
+        self.commits += 1
+        self._mark("COMMIT")
+
+    def _rollback(self, conn: Any) -> None:
+        self.rollbacks += 1
+        self._mark("ROLLBACK")
+
+    def _checkout(self, *args: Any) -> None:
+        self.checkouts += 1
+        self._mark("(pool checkout + pre-ping)")
+
+    def _connect(self, *args: Any) -> None:
+        self.connects += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        self.dumps += 1
+        return {
+            "seq": self.dumps,
+            "statements": dict(self.statements),
+            "statement_total": sum(self.statements.values()),
+            "statement_seconds": self.statement_seconds,
+            "begins": self.begins,
+            "commits": self.commits,
+            "rollbacks": self.rollbacks,
+            "checkouts": self.checkouts,
+            "connects": self.connects,
+            "gc_count": list(self.gc_count),
+            "gc_seconds": list(self.gc_seconds),
+            "gc_longest_ms": [round(t * 1000, 2) for t in self.gc_longest],  # since last dump
+        }
+
+    def dump(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.snapshot()))
+        tmp.replace(path)
+        self.gc_longest = [0.0, 0.0, 0.0]
+
+    def toggle_trace(self, path: Path) -> None:
+        if self.trace is None:
+            self.trace = []
+            return
+        trace, self.trace = self.trace, None
+        out = path.with_suffix(".trace.json")
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(trace))
+        tmp.replace(out)
+
+
+async def serve(settings: Settings, stats: SqlStats) -> None:
+    """bot.server.serve on 127.0.0.1, with the benchmark's signals and optional cProfile."""
+    loop = asyncio.get_running_loop()
+    stats_file = os.environ.get("BENCH_STATS_FILE")
+    if stats_file:
+        loop.add_signal_handler(signal.SIGUSR1, stats.dump, Path(stats_file))
+        loop.add_signal_handler(signal.SIGUSR2, stats.toggle_trace, Path(stats_file))
+    profile_path = os.environ.get("BENCH_CPROFILE")
+    profiler = cProfile.Profile(time.process_time) if profile_path else None
+    if profiler is not None:
+        profiler.enable()
+    try:
+        await bot_serve(settings, host="127.0.0.1")
+    finally:
+        if profiler is not None and profile_path:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
+
+
+def main() -> int:
+    try:
+        settings = load_settings(serving=True)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.LOG_LEVEL, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    stats = SqlStats()
+    stats.install()
+    if os.environ.get("BENCH_UVLOOP") == "1":
+        import uvloop
+
+        uvloop.run(serve(settings, stats))
+    else:
+        asyncio.run(serve(settings, stats))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
