@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from genkit import Part
@@ -25,7 +25,7 @@ from genkit.middleware import (
 from genkit.model import ModelResponse
 from pydantic import BaseModel
 
-from agent.policy import PolicyService
+from agent.policy import Policy, PolicyService
 from storage import approvals, audit
 from storage.db import SessionFactory
 from storage.models import ApprovalStatus, Execution
@@ -45,6 +45,8 @@ UNKNOWN_OUTCOME = {
 class TurnScope:
     team_id: str
     requester: str
+    # Policies as read at this turn's tool calls, so pausing needs no second read.
+    policies: dict[str, Policy] = field(default_factory=dict)
 
 
 current_scope: ContextVar[TurnScope | None] = ContextVar("greenlight_turn", default=None)
@@ -171,7 +173,7 @@ def approval_middleware(
                 if isinstance(approval_id, str):
                     return await run_approved(approval_id, scope, params, ctx, next_fn)
                 # Approval metadata with no recorded approval behind it is not trusted.
-            policy = await policies.get(scope.team_id, tool)
+            policy = scope.policies[tool] = await policies.get(scope.team_id, tool)
             if policy.allowed:
                 return await next_fn(params, ctx)
             raise Interrupt({"why": policy.why})

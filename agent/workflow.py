@@ -40,6 +40,7 @@ MAX_RESUME_ATTEMPTS = 3
 RETRY_DELAY = timedelta(seconds=30)
 CARD_GRACE = timedelta(minutes=1)
 TextSink = Callable[[str], Awaitable[None]]
+Facts = ApproverFacts | Callable[["ApprovalInfo", Policy], Awaitable[ApproverFacts]]
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ class Workflow:
                 await approvals.release_conversation(db, conv.id, snapshot_id=None)
             return Failed(thread)
         if out.finish_reason == AgentFinishReason.INTERRUPTED:
-            policies = await self._interrupt_policies(thread.team_id, out)
+            policies = await self._interrupt_policies(scope, out)
             async with self._sessions.begin() as db:
                 infos = await self._pause(db, conv, thread, requester, out, policies)
                 await approvals.release_conversation(db, conv.id, snapshot_id=None)
@@ -233,7 +234,7 @@ class Workflow:
             return await self._resume_failed(turn, conv, thread)
         finally:
             heartbeat.cancel()
-        policies = await self._interrupt_policies(thread.team_id, out)
+        policies = await self._interrupt_policies(scope, out)
         async with self._sessions.begin() as db:
             if not await approvals.finish_turn(
                 db, turn.id, attempt=turn.attempts, state=TurnState.DONE, now=self._clock()
@@ -250,9 +251,13 @@ class Workflow:
     # -- decisions ---------------------------------------------------------------------
 
     async def check_decider(
-        self, team_id: str, approval_id: str, approver: str, facts: ApproverFacts
+        self, team_id: str, approval_id: str, approver: str, facts: Facts
     ) -> ApprovalInfo:
-        """The approval, if `approver` may decide it now; else DecisionRefused saying why."""
+        """The approval, if `approver` may decide it now; else DecisionRefused saying why.
+
+        `facts` may be a callback: the transport then looks people up only for a request
+        that exists and is pending, knowing its tool's policy.
+        """
         async with self._sessions() as db:
             row = await approvals.get_approval(db, team_id, approval_id)
             if row is None:
@@ -268,6 +273,8 @@ class Workflow:
         if info.status != ApprovalStatus.PENDING:
             raise DecisionRefused("already_decided", info)
         policy = await self._policies.get(team_id, info.tool)
+        if callable(facts):
+            facts = await facts(info, policy)
         why = refusal(policy, requester=info.requester, approver=approver, facts=facts)
         if why is not None:
             raise DecisionRefused(why, info)
@@ -281,7 +288,7 @@ class Workflow:
         *,
         approve: bool,
         reason: str | None = None,
-        facts: ApproverFacts | None = None,
+        facts: Facts | None = None,
     ) -> Decided:
         """Record one decision, atomically; raises DecisionRefused and changes nothing else."""
         info = await self.check_decider(team_id, approval_id, approver, facts or ApproverFacts())
@@ -462,9 +469,17 @@ class Workflow:
         await db.flush()
         return tuple([await self._info(db, r, thread) for r in rows])
 
-    async def _interrupt_policies(self, team_id: str, out: AgentResponse[Any]) -> dict[str, Policy]:
-        """Read before a write transaction opens (SQLite allows one writer, even to us)."""
-        return {i.name: await self._policies.get(team_id, i.name) for i in out.interrupts}
+    async def _interrupt_policies(
+        self, scope: TurnScope, out: AgentResponse[Any]
+    ) -> dict[str, Policy]:
+        """The policies the middleware just read for these calls (else read them now).
+
+        Read before a write transaction opens: SQLite allows one writer, even to us.
+        """
+        return {
+            i.name: scope.policies.get(i.name) or await self._policies.get(scope.team_id, i.name)
+            for i in out.interrupts
+        }
 
     async def _resume_failed(self, turn: Turn, conv: Conversation, thread: Thread) -> Resumed:
         """Leave the turn for the sweep to retry, or give up after a few attempts."""
@@ -500,8 +515,7 @@ class Workflow:
 
     async def _info(self, db: Any, row: Approval, thread: Thread | None = None) -> ApprovalInfo:
         if thread is None:
-            turn = await db.get_one(Turn, row.turn_id)
-            conv = await db.get_one(Conversation, turn.conversation_id)
+            conv = await approvals.conversation_of_turn(db, row.turn_id)
             thread = Thread(conv.team_id, conv.channel_id, conv.thread_ts)
         return ApprovalInfo(
             id=row.id,

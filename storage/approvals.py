@@ -82,6 +82,11 @@ async def open_turn(db: AsyncSession, conversation_id: str) -> Turn | None:
     return (await db.execute(query.limit(1))).scalar_one_or_none()
 
 
+async def conversation_of_turn(db: AsyncSession, turn_id: str) -> Conversation:
+    query = select(Conversation).join(Turn, Turn.conversation_id == Conversation.id)
+    return (await db.execute(query.where(Turn.id == turn_id))).scalar_one()
+
+
 async def get_approval(db: AsyncSession, team_id: str, approval_id: str) -> Approval | None:
     query = select(Approval).where(Approval.team_id == team_id, Approval.id == approval_id)
     return (await db.execute(query)).scalar_one_or_none()

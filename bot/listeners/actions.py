@@ -5,14 +5,15 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.policy import ApproverFacts
-from agent.workflow import DecisionRefused
+from agent.policy import ApproverFacts, Policy
+from agent.workflow import ApprovalInfo, DecisionRefused
 from bot import blocks
 from bot.deps import Deps
 from bot.listeners.fields import obj, slack_id
@@ -36,16 +37,17 @@ def clicked(body: dict[str, Any]) -> tuple[str, str, str | None, str] | None:
     return team, user, channel if slack_id(channel) else None, value
 
 
-async def facts_for(
-    deps: Deps, client: AsyncWebClient, team: str, user: str, approval_id: str, channel: str | None
-) -> ApproverFacts:
-    info = await deps.workflow.approval(team, approval_id)
-    if info is None:
-        return ApproverFacts()
-    policy = await deps.workflow.policies.get(team, info.tool)
-    return await deps.people.approver_facts(
-        client, user, policy, clicked_in=channel, card_channel=info.card_channel
-    )
+def facts_for(
+    deps: Deps, client: AsyncWebClient, user: str, channel: str | None
+) -> Callable[[ApprovalInfo, Policy], Awaitable[ApproverFacts]]:
+    """What Slack knows about the clicker, asked only once the workflow knows the request."""
+
+    async def facts(info: ApprovalInfo, policy: Policy) -> ApproverFacts:
+        return await deps.people.approver_facts(
+            client, user, policy, clicked_in=channel, card_channel=info.card_channel
+        )
+
+    return facts
 
 
 async def refuse(
@@ -78,7 +80,7 @@ def register(app: AsyncApp, deps: Deps) -> None:
         if parsed is None or client is None:
             return
         team, user, channel, approval_id = parsed
-        facts = await facts_for(deps, client, team, user, approval_id, channel)
+        facts = facts_for(deps, client, user, channel)
         try:
             decided = await deps.workflow.decide(team, approval_id, user, approve=True, facts=facts)
         except DecisionRefused as refusal:
@@ -97,7 +99,7 @@ def register(app: AsyncApp, deps: Deps) -> None:
         if parsed is None or client is None or not isinstance(trigger, str):
             return
         team, user, channel, approval_id = parsed
-        facts = await facts_for(deps, client, team, user, approval_id, channel)
+        facts = facts_for(deps, client, user, channel)
         try:
             info = await deps.workflow.check_decider(team, approval_id, user, facts)
         except DecisionRefused as refusal:

@@ -50,7 +50,7 @@ def register(app: AsyncApp, deps: Deps) -> None:
             await ack()
             return
         team, user, channel, approval_id, reason = parsed
-        facts = await facts_for(deps, client, team, user, approval_id, channel)
+        facts = facts_for(deps, client, user, channel)
         try:
             decided = await deps.workflow.decide(
                 team, approval_id, user, approve=False, reason=reason, facts=facts
