@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from typing import Any
@@ -59,21 +60,29 @@ def register(app: AsyncApp, deps: Deps) -> None:
 async def run_turn(
     deps: Deps, client: AsyncWebClient, thread: Thread, user: str, text: str
 ) -> None:
-    """Show progress at once, stream the reply into it, then the outcome."""
+    """Show progress at once, stream the reply into it, then the outcome.
+
+    The placeholder is posted while the turn starts, not before: the model's first answer
+    (often an approval card) need not wait for Slack's round trip.
+    """
     if not text:
         await deps.delivery.say(client, thread, blocks.reply_message(HELLO))
         return
-    placeholder = await deps.delivery.say(client, thread, blocks.thinking_message())
+    posting = asyncio.create_task(deps.delivery.say(client, thread, blocks.thinking_message()))
     last = time.monotonic()
 
     async def on_text(so_far: str) -> None:
         nonlocal last
+        placeholder = await posting
         if placeholder is None or time.monotonic() - last < STREAM_INTERVAL:
             return
         last = time.monotonic()
         await deps.delivery.say(client, thread, blocks.reply_message(so_far), replace=placeholder)
 
-    outcome = await deps.workflow.start_turn(thread, user, text, on_text=on_text)
+    try:
+        outcome = await deps.workflow.start_turn(thread, user, text, on_text=on_text)
+    finally:
+        placeholder = await posting
     await deps.delivery.outcome(client, outcome, placeholder=placeholder)
 
 
