@@ -42,7 +42,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,17 +51,15 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from bench import _load
+from bench.database import temporary_database
 from storage.db import make_engine
-from storage.migrate import upgrade
 from tests.fakes import gemini as fg
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, RecordedRequest
 from tests.fakes.slack_api import FakeSlack
 
-ADMIN_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results-bot.json"
 PROFILE_DIR = Path(tempfile.gettempdir())
@@ -918,35 +916,6 @@ async def _audited(db_url: str, approval_id: str) -> int:
 
 
 # -- running it all --------------------------------------------------------------------------
-
-
-async def _admin(sql: str) -> None:
-    engine = make_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    try:
-        async with engine.connect() as conn:
-            await conn.execute(text(sql))
-    finally:
-        await engine.dispose()
-
-
-@contextlib.asynccontextmanager
-async def temporary_database(database_url: str | None) -> AsyncIterator[str]:
-    """The given database, migrated; or a new one on 127.0.0.1, dropped afterwards."""
-    temp = None
-    if database_url is None:
-        temp = f"greenlight_bench_{uuid.uuid4().hex[:10]}"
-        await _admin(f'CREATE DATABASE "{temp}"')
-        database_url = make_url(ADMIN_URL).set(database=temp).render_as_string(False)
-    try:
-        engine = make_engine(database_url)
-        try:
-            await upgrade(engine)
-        finally:
-            await engine.dispose()
-        yield database_url
-    finally:
-        if temp is not None:
-            await _admin(f'DROP DATABASE IF EXISTS "{temp}" WITH (FORCE)')
 
 
 SERVICE_ENV: dict[str, str] = {}  # --service-env KEY=VALUE: experiments (e.g. BENCH_UVLOOP=1)

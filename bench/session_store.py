@@ -40,12 +40,12 @@ from genkit.exp import (
     SnapshotStatus,
 )
 from genkit.model import Message
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bench.database import temporary_database
 from storage.db import make_engine, make_session_factory
-from storage.migrate import upgrade
 from storage.models import MessageRow, SnapshotRow
 from storage.session_store import SqlSessionStore
 
@@ -55,7 +55,6 @@ try:  # the `bench` extra: pip install -e '.[bench]'
 except ImportError:
     AsyncPostgresSaver = None
 
-ADMIN_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 RESULTS = Path(__file__).parent / "results-session-store.json"
 TURNS, REPS, CHARS, MARKS = 200, 5, 500, (1, 50, 200)
 TEAM = {"team_id": "TBENCH"}
@@ -247,43 +246,27 @@ async def _langgraph(database_url: str) -> dict[str, Any] | None:
         return await _repeat(lambda seed: simulate_langgraph(saver, seed))
 
 
-async def _admin(sql: str) -> None:
-    engine = make_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    try:
-        async with engine.connect() as conn:
-            await conn.execute(text(sql))
-    finally:
-        await engine.dispose()
-
-
 async def run(database_url: str | None) -> dict[str, Any]:
     """Run the benchmark, print a table, write bench/results-session-store.json."""
-    temp_db = None
-    if database_url is None:
-        temp_db = f"greenlight_bench_{uuid.uuid4().hex[:10]}"
-        await _admin(f'CREATE DATABASE "{temp_db}"')
-        database_url = make_url(ADMIN_URL).set(database=temp_db).render_as_string(False)
-    engine = make_engine(database_url)
-    try:
-        await upgrade(engine)
-        stores: dict[str, dict[str, Any]] = {}
-        sql = SqlSessionStore(make_session_factory(engine))
-        stores["sql"] = await _bench(lambda: (sql, sql_measure(engine)))
-        if (langgraph := await _langgraph(database_url)) is not None:
-            stores["langgraph"] = langgraph
-        with tempfile.TemporaryDirectory() as tmp:
+    async with temporary_database(database_url) as url:
+        engine = make_engine(url)
+        try:
+            stores: dict[str, dict[str, Any]] = {}
+            sql = SqlSessionStore(make_session_factory(engine))
+            stores["sql"] = await _bench(lambda: (sql, sql_measure(engine)))
+            if (langgraph := await _langgraph(url)) is not None:
+                stores["langgraph"] = langgraph
+            with tempfile.TemporaryDirectory() as tmp:
 
-            def files() -> tuple[SessionStore[Any], Measure]:
-                # A directory per conversation: a session lookup reads every file in it.
-                store: FileSessionStore[Any] = FileSessionStore(tempfile.mkdtemp(dir=tmp))
-                return store, file_measure(store)
+                def files() -> tuple[SessionStore[Any], Measure]:
+                    # A directory per conversation: a session lookup reads every file in it.
+                    store: FileSessionStore[Any] = FileSessionStore(tempfile.mkdtemp(dir=tmp))
+                    return store, file_measure(store)
 
-            stores["file"] = await _bench(files)
-        stores["memory"] = await _bench(lambda: (InMemorySessionStore(), memory_measure))
-    finally:
-        await engine.dispose()
-        if temp_db is not None:
-            await _admin(f'DROP DATABASE IF EXISTS "{temp_db}" WITH (FORCE)')
+                stores["file"] = await _bench(files)
+            stores["memory"] = await _bench(lambda: (InMemorySessionStore(), memory_measure))
+        finally:
+            await engine.dispose()
 
     s = stores["sql"]
     ratios = {
@@ -314,7 +297,7 @@ async def run(database_url: str | None) -> dict[str, Any]:
             "repetitions": REPS,
             "chars_per_turn": CHARS,
             "tool_call_every": 5,
-            "database": make_url(database_url).get_backend_name(),
+            "database": "postgresql",
             "statistic": "median over repetitions, after one warm-up conversation",
         },
         "stores": stores,

@@ -105,6 +105,14 @@ def pg_sessions(pg_engine: AsyncEngine) -> SessionFactory:
 
 
 @pytest.fixture
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test tools' ledger (tests/ledger_tools.py); in-process services share the env."""
+    path = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv("GREENLIGHT_TEST_LEDGER", str(path))
+    return path
+
+
+@pytest.fixture
 def team() -> Iterator[str]:
     """A workspace of this test's own: rows of other tests are invisible to it."""
     yield "T" + uuid.uuid4().hex[:10].upper()

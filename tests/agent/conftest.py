@@ -50,13 +50,6 @@ class Harness:
 
 
 @pytest.fixture
-def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "ledger.jsonl"
-    monkeypatch.setenv("GREENLIGHT_TEST_LEDGER", str(path))
-    return path
-
-
-@pytest.fixture
 def h(pg_sessions: SessionFactory, team: str, ledger: Path) -> Harness:
     model = ScriptedModel()
     clock = Clock()

@@ -109,14 +109,6 @@ async def gemini() -> AsyncIterator[FakeGemini]:
 
 
 @pytest.fixture
-def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The test tools' ledger; the Service runs in this process, so it shares the env."""
-    path = tmp_path / "ledger.jsonl"
-    monkeypatch.setenv("GREENLIGHT_TEST_LEDGER", str(path))
-    return path
-
-
-@pytest.fixture
 async def service(
     fake_slack: FakeSlack, gemini: FakeGemini, ledger: Path, bot_database: str
 ) -> AsyncIterator[Service]:
