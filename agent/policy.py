@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from storage import audit, policies
 from storage.db import SessionFactory
 from storage.models import ToolPolicy
@@ -106,9 +108,12 @@ class PolicyService:
     def known_tools(self) -> list[str]:
         return sorted(self._tools())
 
-    async def get(self, team_id: str, tool: str) -> Policy:
-        async with self._sessions() as db:
+    async def get(self, team_id: str, tool: str, db: AsyncSession | None = None) -> Policy:
+        """The tool's policy as stored now (on the caller's session when it has one open)."""
+        if db is not None:
             return _from_row(tool, await policies.get_policy(db, team_id, tool), self._defaults)
+        async with self._sessions() as own:
+            return await self.get(team_id, tool, own)
 
     async def all(self, team_id: str) -> list[Policy]:
         async with self._sessions() as db:

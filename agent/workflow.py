@@ -263,6 +263,7 @@ class Workflow:
             if row is None:
                 raise DecisionRefused("not_found")
             info = await self._info(db, row)
+            policy = await self._policies.get(team_id, info.tool, db)
         if info.status == ApprovalStatus.PENDING and info.expires_at <= self._clock():
             # Past its deadline but not yet swept: it is expired, whoever clicks.
             async with self._sessions.begin() as db:
@@ -272,7 +273,6 @@ class Workflow:
             info = expired[0] if expired else info
         if info.status != ApprovalStatus.PENDING:
             raise DecisionRefused("already_decided", info)
-        policy = await self._policies.get(team_id, info.tool)
         if callable(facts):
             facts = await facts(info, policy)
         why = refusal(policy, requester=info.requester, approver=approver, facts=facts)

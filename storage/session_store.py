@@ -57,11 +57,9 @@ LOCK_KIDS = (
     .with_for_update()
 )
 _OWNED = sa.and_(S.c.team_id == _team, S.c.session_id == sa.bindparam("session"))
+# A session's rows, light: Genkit's own select_leaf picks the leaf from them. Lookups by
+# session are rare here (the workflow resumes by snapshot id; a new chat finds no rows).
 LIGHT = sa.select(S.c.snapshot_id, S.c.parent_id, S.c.created_at).where(_OWNED)
-# The session's rows that none of its rows names as parent (NOT IN hashes the ids once).
-LEAVES = LIGHT.where(
-    S.c.snapshot_id.not_in(sa.select(S.c.parent_id).where(_OWNED, S.c.parent_id.is_not(None)))
-)
 # The parent's count and digest and its parent's, FOR SHARE: messages a child inherits
 # cannot be rewritten before the child commits.
 _g = S.alias("grand")
@@ -180,9 +178,7 @@ class SqlSessionStore(SessionStore[Any]):
                 await s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
             if snapshot_id is None:
                 params = {"team": team, "session": session_id}
-                rows = (await s.execute(LEAVES, params)).all()
-                if not rows:  # no rows, or a cyclic history: Genkit's own answer for either
-                    rows = (await s.execute(LIGHT, params)).all()
+                rows = (await s.execute(LIGHT, params)).all()
                 stubs = [
                     SessionSnapshot(snapshot_id=i, parent_id=p, created_at=c) for i, p, c in rows
                 ]
