@@ -26,7 +26,6 @@ import asyncio
 import cProfile
 import gc
 import json
-import logging
 import os
 import signal
 import sys
@@ -39,8 +38,9 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import Pool
 
+from bot.__main__ import settings_or_exit
 from bot.server import serve as bot_serve
-from bot.settings import ConfigError, Settings, load_settings
+from bot.settings import Settings
 
 
 class SqlStats:
@@ -170,14 +170,7 @@ async def serve(settings: Settings, stats: SqlStats) -> None:
 
 
 def main() -> int:
-    try:
-        settings = load_settings(serving=True)
-    except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=settings.LOG_LEVEL, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    settings = settings_or_exit()
     stats = SqlStats()
     stats.install()
     if os.environ.get("BENCH_UVLOOP") == "1":

@@ -6,7 +6,20 @@ import asyncio
 import logging
 import sys
 
-from bot.settings import ConfigError, load_settings
+from bot.settings import ConfigError, Settings, load_settings
+
+
+def settings_or_exit() -> Settings:
+    """Validated settings with logging set up; else the problems on stderr and exit code 2."""
+    try:
+        settings = load_settings(serving=True)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        raise SystemExit(2) from None
+    logging.basicConfig(
+        level=settings.LOG_LEVEL, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,14 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     if args and args[0] not in {"serve"}:
         print("usage: greenlight [serve|demo]", file=sys.stderr)
         return 2
-    try:
-        settings = load_settings(serving=True)
-    except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=settings.LOG_LEVEL, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    settings = settings_or_exit()
     from bot.server import serve
 
     asyncio.run(serve(settings))
