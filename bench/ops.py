@@ -36,7 +36,7 @@ from agent.assemble import build_workflow, utc_now
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
 from agent.workflow import AwaitingApproval, Thread
-from bench.bot import temporary_database
+from bench.database import temporary_database
 from storage import events
 from storage.db import make_engine, make_session_factory
 from tests.fakes import scripted_model as sm

@@ -53,7 +53,7 @@ try:  # the `bench` extra: pip install -e '.[bench]'
     from langgraph.checkpoint.base import create_checkpoint, empty_checkpoint
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 except ImportError:
-    AsyncPostgresSaver = None
+    AsyncPostgresSaver = None  # type: ignore[assignment,misc]
 
 RESULTS = Path(__file__).parent / "results-session-store.json"
 TURNS, REPS, CHARS, MARKS = 200, 5, 500, (1, 50, 200)
@@ -150,7 +150,7 @@ async def simulate_langgraph(saver: Any, seed: int) -> dict[str, Any]:
     gc.collect()
     thread = {"thread_id": str(uuid.uuid4()), "checkpoint_ns": ""}
     config: dict[str, Any] = {"configurable": thread}
-    base, version, history = empty_checkpoint(), None, []
+    base, version, history = empty_checkpoint(), None, list[dict[str, Any]]()
     times, sizes = [], []
     for step, added in enumerate(conversation(seed)):
         dumped = [m.model_dump(mode="json", by_alias=True, exclude_none=True) for m in added]

@@ -128,7 +128,9 @@ async def test_gemini_error_is_reported_and_the_session_stays_usable(
         assert await workflow.start_turn(thread, "U_EMP", "still there?") == Failed(thread)
         assert await workflow.start_turn(thread, "U_EMP", "now?") == Reply(thread, "back again")
         # The failed turn left no trace in what the model sees next.
-        contents = gemini.generate_requests()[-1].json["contents"]
+        last = gemini.generate_requests()[-1].json
+        assert last is not None
+        contents = last["contents"]
         assert [c["parts"][0]["text"] for c in contents if c["role"] == "user"] == ["hi", "now?"]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from genkit.model import ModelRequest, ModelResponse
@@ -16,7 +17,7 @@ from tests.fakes.scripted_model import calls, text, tool_responses
 TRANSFER = {"amount": 500, "toAccount": "12345"}
 
 
-def answer_with_tool_results(request: ModelRequest) -> ModelResponse:
+def answer_with_tool_results(request: ModelRequest[Any]) -> ModelResponse:
     return text("results: " + repr(tool_responses(request)))
 
 

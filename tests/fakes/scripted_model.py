@@ -10,7 +10,7 @@ from genkit import Part, Role
 from genkit.exp import Genkit
 from genkit.model import Message, ModelRequest, ModelResponse
 
-Reply = ModelResponse | Callable[[ModelRequest], Awaitable[ModelResponse] | ModelResponse]
+Reply = ModelResponse | Callable[[ModelRequest[Any]], Awaitable[ModelResponse] | ModelResponse]
 
 
 def text(value: str) -> ModelResponse:
@@ -20,13 +20,13 @@ def text(value: str) -> ModelResponse:
 def calls(*requests: tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], str]) -> ModelResponse:
     """Tool calls in one model message: (name, input) or (name, input, ref)."""
     parts = [
-        Part.from_tool_request(name=r[0], input=r[1], ref=r[2] if len(r) > 2 else None)  # type: ignore[misc]
+        Part.from_tool_request(name=r[0], input=r[1], ref=r[2] if len(r) > 2 else None)
         for r in requests
     ]
     return ModelResponse(message=Message(role=Role.MODEL, content=parts))
 
 
-def tool_responses(request: ModelRequest) -> list[dict[str, Any]]:
+def tool_responses(request: ModelRequest[Any]) -> list[dict[str, Any]]:
     """The tool responses of the request's last message, as JSON."""
     last = request.messages[-1]
     return [
@@ -42,14 +42,14 @@ class ScriptedModel:
     def __init__(self, name: str = "scripted") -> None:
         self.name = name
         self.replies: list[Reply] = []
-        self.requests: list[ModelRequest] = []
+        self.requests: list[ModelRequest[Any]] = []
         self.called = asyncio.Event()
 
     def script(self, *replies: Reply) -> None:
         self.replies.extend(replies)
 
     def register(self, ai: Genkit) -> None:
-        async def model_fn(request: ModelRequest, ctx: Any) -> ModelResponse:
+        async def model_fn(request: ModelRequest[Any], ctx: Any) -> ModelResponse:
             self.requests.append(request)
             self.called.set()
             if not self.replies:
