@@ -11,6 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from genkit import Part
@@ -78,7 +79,7 @@ def approval_middleware(
     sessions: SessionFactory,
     policies: PolicyService,
     new_id: Callable[[], str],
-    clock: Callable[[], Any],
+    clock: Callable[[], datetime],
 ) -> type[BaseMiddleware[Any]]:
     """Build the middleware class bound to this application's database and policy."""
 
@@ -110,7 +111,11 @@ def approval_middleware(
                     input=row.input,
                 )
         if not started:
-            if row is not None and row.status == ApprovalStatus.APPROVED and row.ref == ref:
+            if (
+                row is not None
+                and (row.tool, row.ref) == (tool, ref or "")
+                and row.status == ApprovalStatus.APPROVED
+            ):
                 # A second resume of a call that already ran (or died running): never rerun.
                 if row.execution == Execution.FINISHED:
                     return MultipartToolResponse(output=row.output)
