@@ -15,6 +15,7 @@ from agent.runtime import AgentConfig
 from agent.workflow import Thread, Workflow
 from storage.db import SessionFactory
 from tests import ledger_tools
+from tests.fakes.gemini import FakeGemini
 from tests.fakes.scripted_model import ScriptedModel
 
 IN_CHANNEL = ApproverFacts(in_channel=True)
@@ -47,6 +48,21 @@ class Harness:
     @staticmethod
     def ledger() -> list[dict[str, object]]:
         return ledger_tools.entries()
+
+
+def gemini_workflow(sessions: SessionFactory, gemini: FakeGemini, timeout: float = 300) -> Workflow:
+    """A workflow on the real Gemini plugin, talking to the fake Gemini server."""
+    return build_workflow(
+        sessions,
+        AgentConfig(
+            model="googleai/gemini-flash-latest",
+            gemini_api_key="k",
+            gemini_api_url=gemini.base_url,
+            tool_modules=("tests.ledger_tools",),
+        ),
+        defaults=PolicyDefaults(channel="C0APPROVE"),
+        turn_timeout=timedelta(seconds=timeout),
+    )
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from storage.db import SessionFactory
 from storage.models import ApprovalStatus, Execution
 from tests import ledger_tools
 from tests.agent import crash_worker
-from tests.agent.conftest import IN_CHANNEL, Clock
+from tests.agent.conftest import IN_CHANNEL, Clock, gemini_workflow
 from tests.conftest import pg_test_url
 from tests.fakes.gemini import FakeGemini, function_call
 from tests.fakes.gemini import text as gemini_text
@@ -247,16 +247,7 @@ async def test_real_gemini_plugin_interrupt_approve_and_resume(
     transfer = {"amount": 500, "toAccount": "12345"}
     async with FakeGemini() as gemini:
         gemini.script(function_call("transferMoney", transfer, id="call-1"), gemini_text("Sent."))
-        workflow = build_workflow(
-            pg_sessions,
-            AgentConfig(
-                model="googleai/gemini-flash-latest",
-                gemini_api_key="k",
-                gemini_api_url=gemini.base_url,
-                tool_modules=("tests.ledger_tools",),
-            ),
-            defaults=PolicyDefaults(channel="C0APPROVE"),
-        )
+        workflow = gemini_workflow(pg_sessions, gemini)
         out = await workflow.start_turn(Thread(team, "D0GEM", "5.1"), "U_EMP", "send 500")
         assert isinstance(out, AwaitingApproval)
         [approval] = out.approvals

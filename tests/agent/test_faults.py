@@ -4,7 +4,6 @@ never answers. The user is told, nothing is half-written, the thread stays usabl
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -14,9 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from agent.assemble import build_workflow
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import Failed, Reply, Thread, Workflow
+from agent.workflow import Failed, Reply, Thread
 from storage.db import make_engine, make_session_factory
 from storage.models import Approval, Conversation, MessageRow, SnapshotRow
+from tests.agent.conftest import gemini_workflow
 from tests.conftest import pg_test_url
 from tests.fakes.gemini import FakeGemini, error, text
 from tests.fakes.scripted_model import ScriptedModel
@@ -102,19 +102,6 @@ async def test_connection_killed_mid_save_fails_cleanly_and_next_message_works(
     # The next turn continued from before the failed one, not from its wreckage.
     [request] = model.requests[-1:]
     assert [m.content[0].text for m in request.messages if m.role == "user"] == ["hello again"]
-
-
-def gemini_workflow(pg_sessions: Any, gemini: FakeGemini, timeout: float = 300) -> Workflow:
-    return build_workflow(
-        pg_sessions,
-        AgentConfig(
-            model="googleai/gemini-flash-latest",
-            gemini_api_key="k",
-            gemini_api_url=gemini.base_url,
-            tool_modules=("tests.ledger_tools",),
-        ),
-        turn_timeout=timedelta(seconds=timeout),
-    )
 
 
 async def test_gemini_error_is_reported_and_the_session_stays_usable(
