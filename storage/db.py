@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, exc
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -14,9 +15,15 @@ from sqlalchemy.ext.asyncio import (
 
 SessionFactory = async_sessionmaker[AsyncSession]
 
+# A pooled connection idle for longer than this is pinged before use: long enough that a
+# busy service never pays a round trip per transaction, short enough that a connection a
+# firewall dropped silently is found before a turn uses it.
+PING_AFTER_IDLE_SECONDS = 2.0
+
 
 def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
-    """Create the engine; SQLite gets WAL and a busy timeout so concurrent writers wait."""
+    """Create the engine; SQLite gets WAL and a busy timeout so concurrent writers wait,
+    PostgreSQL a cheap liveness check per checkout (see `_check_alive`)."""
     if url.startswith("sqlite"):
         engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
 
@@ -37,8 +44,30 @@ def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
-    return create_async_engine(url, **kwargs)
+    engine = create_async_engine(url, **kwargs)
+    if kwargs.get("pool_pre_ping"):
+        return engine
+
+    @event.listens_for(engine.sync_engine, "checkin")
+    def _idle_from(_dbapi_conn: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _check_alive(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        # Instead of pool_pre_ping's three round trips (BEGIN, ping, ROLLBACK) per checkout:
+        # a connection the server closed (restart, pg_terminate_backend) is known locally;
+        # only one that sat idle a while is pinged. DisconnectionError makes the pool
+        # replace the connection and try again.
+        if dbapi_conn.driver_connection.is_closed():
+            raise exc.DisconnectionError("the server closed this connection")
+        idle_since = record.info.get("idle_since")
+        if idle_since is not None and time.monotonic() - idle_since > PING_AFTER_IDLE_SECONDS:
+            try:
+                dbapi_conn.ping()
+            except Exception as error:
+                raise exc.DisconnectionError("ping failed") from error
+
+    return engine
 
 
 def make_session_factory(engine: AsyncEngine) -> SessionFactory:

@@ -3,6 +3,7 @@ never answers. The user is told, nothing is half-written, the thread stays usabl
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -130,3 +131,29 @@ async def test_a_model_that_never_answers_times_out_and_frees_the_thread(
         gemini.script(text("too late", delay=5), text("on time"))
         assert await workflow.start_turn(thread, "U_EMP", "slow?") == Failed(thread)
         assert await workflow.start_turn(thread, "U_EMP", "again") == Reply(thread, "on time")
+
+
+async def test_pooled_connections_killed_while_idle_are_replaced_before_the_next_turn(
+    fault_engine: AsyncEngine, pg_engine: AsyncEngine, team: str
+) -> None:
+    """A database restart or pg_terminate_backend between turns costs no turn."""
+    model = ScriptedModel()
+    workflow = build_workflow(
+        make_session_factory(fault_engine),
+        AgentConfig(model="scripted", tool_modules=("tests.ledger_tools",)),
+        defaults=PolicyDefaults(channel="C0APPROVE"),
+        setup=model.register,
+    )
+    thread = Thread(team, "D0FAULT", "4.0")
+    model.script(scripted_text("first answer"), scripted_text("second answer"))
+    assert await workflow.start_turn(thread, "U_EMP", "hello") == Reply(thread, "first answer")
+    async with fault_engine.connect() as conn:
+        pid = (await conn.execute(select(func.pg_backend_pid()))).scalar_one()
+        pooled = (await conn.get_raw_connection()).driver_connection
+    async with pg_engine.connect() as admin:
+        assert (await admin.execute(select(func.pg_terminate_backend(pid)))).scalar_one()
+    async with asyncio.timeout(5):  # until this process has seen the server hang up
+        while not pooled.is_closed():
+            await asyncio.sleep(0.01)
+
+    assert await workflow.start_turn(thread, "U_EMP", "again") == Reply(thread, "second answer")
