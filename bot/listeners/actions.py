@@ -86,9 +86,9 @@ def register(app: AsyncApp, deps: Deps) -> None:
         except DecisionRefused as refusal:
             await refuse(deps, client, refusal, user=user, channel=channel)
             return
-        await deps.delivery.refresh_card(client, decided.approval)
-        if decided.turn_ready:
+        if decided.turn_ready:  # first: the requester waits on it, the card can follow
             resume_when_ready(deps, client, decided.turn_id)
+        await deps.delivery.refresh_card(client, decided.approval)
 
     @app.action("deny")
     async def on_deny(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:

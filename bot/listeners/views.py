@@ -62,6 +62,6 @@ def register(app: AsyncApp, deps: Deps) -> None:
                 await deps.delivery.refresh_card(client, refusal.approval)
             return
         await ack()
-        await deps.delivery.refresh_card(client, decided.approval)
-        if decided.turn_ready:
+        if decided.turn_ready:  # first: the requester waits on it, the card can follow
             resume_when_ready(deps, client, decided.turn_id)
+        await deps.delivery.refresh_card(client, decided.approval)
