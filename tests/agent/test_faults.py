@@ -149,11 +149,13 @@ async def test_pooled_connections_killed_while_idle_are_replaced_before_the_next
     assert await workflow.start_turn(thread, "U_EMP", "hello") == Reply(thread, "first answer")
     async with fault_engine.connect() as conn:
         pid = (await conn.execute(select(func.pg_backend_pid()))).scalar_one()
+        hung_up = asyncio.Event()
         pooled = (await conn.get_raw_connection()).driver_connection
+        assert pooled is not None
+        pooled.add_termination_listener(lambda _conn: hung_up.set())
     async with pg_engine.connect() as admin:
         assert (await admin.execute(select(func.pg_terminate_backend(pid)))).scalar_one()
     async with asyncio.timeout(5):  # until this process has seen the server hang up
-        while not pooled.is_closed():
-            await asyncio.sleep(0.01)
+        await hung_up.wait()
 
     assert await workflow.start_turn(thread, "U_EMP", "again") == Reply(thread, "second answer")
