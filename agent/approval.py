@@ -98,19 +98,21 @@ def approval_middleware(
             started = await approvals.start_execution(
                 db, approval_id, team_id=scope.team_id, tool=tool, ref=ref or ""
             )
-            row = await approvals.get_approval(db, scope.team_id, approval_id)
-            if started and row is not None:
-                audit.record(
+            if started is None:
+                found = await approvals.locate(db, scope.team_id, approval_id)
+            else:
+                await audit.record(
                     db,
                     team_id=scope.team_id,
                     at=clock(),
-                    actor=row.decided_by or "",
+                    actor=started.decided_by or "",
                     action="execution_started",
                     tool=tool,
                     approval_id=approval_id,
-                    input=row.input,
+                    input=started.input,
                 )
-        if not started:
+        if started is None:
+            row = found.approval if found is not None else None
             if (
                 row is not None
                 and (row.tool, row.ref) == (tool, ref or "")
@@ -133,7 +135,7 @@ def approval_middleware(
             result = MultipartToolResponse(output=output)
         async with sessions.begin() as db:
             await approvals.finish_execution(db, approval_id, output=output)
-            audit.record(
+            await audit.record(
                 db,
                 team_id=scope.team_id,
                 at=clock(),

@@ -127,7 +127,7 @@ class PolicyService:
         now = self._clock()
         async with self._sessions.begin() as db:
             row = await policies.update_policy(db, team_id, tool, by=by, now=now, **changes)
-            audit.record(
+            await audit.record(
                 db,
                 team_id=team_id,
                 at=now,

@@ -174,22 +174,18 @@ class Workflow:
         """Run one employee message; returns the reply, or the approvals it now waits on."""
         now = self._clock()
         async with self._sessions.begin() as db:
-            conv = await approvals.get_or_create_conversation(
+            conv = await approvals.claim_thread(
                 db,
                 new_id=self._new_id(),
                 team_id=thread.team_id,
                 channel_id=thread.channel_id,
                 thread_ts=thread.thread_ts,
                 now=now,
+                # Held for as long as the turn may run, so a second message never forks it.
+                until=now + self._turn_timeout + self._lease,
             )
-            waiting = await approvals.open_turn(db, conv.id)
-            if waiting is not None:
-                pending = await approvals.turn_approvals(db, waiting.id)
-                return Busy(thread, tuple([await self._info(db, a, thread) for a in pending]))
-            # Held for as long as the turn may run, so a second message never forks it.
-            until = now + self._turn_timeout + self._lease
-            if not await approvals.claim_conversation(db, conv.id, now=now, until=until):
-                return Busy(thread)
+            if conv is None:
+                return await self._busy(db, thread)
         scope = TurnScope(team_id=thread.team_id, requester=requester)
         try:
             out = await self._run(scope, conv.snapshot_id, on_text, lambda c: c.send_stream(text))
@@ -215,7 +211,7 @@ class Workflow:
             turn = await approvals.claim_turn(db, turn_id, now=now, lease_until=now + self._lease)
             if turn is None:
                 return None
-            conv = await db.get_one(Conversation, turn.conversation_id)
+            conv = await approvals.get_conversation(db, turn.conversation_id)
             rows = await approvals.turn_approvals(db, turn.id)
         thread = Thread(conv.team_id, conv.channel_id, conv.thread_ts)
         requester = rows[0].requester if rows else ""
@@ -259,17 +255,15 @@ class Workflow:
         that exists and is pending, knowing its tool's policy.
         """
         async with self._sessions() as db:
-            row = await approvals.get_approval(db, team_id, approval_id)
-            if row is None:
+            found = await approvals.locate(db, team_id, approval_id)
+            if found is None:
                 raise DecisionRefused("not_found")
-            info = await self._info(db, row)
+            info = self._located(found)
             policy = await self._policies.get(team_id, info.tool, db)
         if info.status == ApprovalStatus.PENDING and info.expires_at <= self._clock():
             # Past its deadline but not yet swept: it is expired, whoever clicks.
             async with self._sessions.begin() as db:
-                row = await approvals.get_approval(db, team_id, approval_id)
-                assert row is not None
-                expired = await self._expire(db, [row], self._clock())
+                expired = await self._expire(db, [found.approval], self._clock())
             info = expired[0] if expired else info
         if info.status != ApprovalStatus.PENDING:
             raise DecisionRefused("already_decided", info)
@@ -298,26 +292,22 @@ class Workflow:
             won = await approvals.record_decision(
                 db, approval_id, status=status, decided_by=approver, reason=reason, now=now
             )
-            if won:
-                audit.record(
-                    db,
-                    team_id=team_id,
-                    at=now,
-                    actor=approver,
-                    action=status.value,
-                    tool=info.tool,
-                    approval_id=approval_id,
-                    input=info.input,
-                    reason=reason,
-                )
-            fresh = await approvals.get_approval(db, team_id, approval_id)
-            assert fresh is not None
-            info = await self._info(db, fresh, info.thread)
-            if not won:
-                raise DecisionRefused("already_decided", info)
-            siblings = await approvals.turn_approvals(db, info.turn_id)
-        ready = all(a.status != ApprovalStatus.PENDING for a in siblings)
-        return Decided(info, info.turn_id, ready)
+            if won is None:
+                found = await approvals.locate(db, team_id, approval_id)
+                raise DecisionRefused("already_decided", self._located(found) if found else info)
+            await audit.record(
+                db,
+                team_id=team_id,
+                at=now,
+                actor=approver,
+                action=status.value,
+                tool=info.tool,
+                approval_id=approval_id,
+                input=info.input,
+                reason=reason,
+            )
+            ready = await approvals.undecided(db, info.turn_id) == 0
+        return Decided(self._info(won, info.thread), info.turn_id, ready)
 
     # -- maintenance -------------------------------------------------------------------
 
@@ -334,7 +324,7 @@ class Workflow:
             stranded = await approvals.uncarded_approvals(
                 db, requested_before=now - CARD_GRACE, team_id=team_id
             )
-            uncarded = [await self._info(db, row) for row in stranded]
+            uncarded = [await self._find_thread(db, row) for row in stranded]
             turn_ids = await approvals.recoverable_turns(db, now=now, team_id=team_id)
         resumed = [r for t in turn_ids if (r := await self.continue_turn(t)) is not None]
         return SweepReport(tuple(expired), tuple(resumed), tuple(uncarded))
@@ -343,10 +333,11 @@ class Workflow:
         """pending -> expired for overdue approvals, audited; returns those this call expired."""
         expired = []
         for row in rows:
-            if await approvals.record_decision(
+            done = await approvals.record_decision(
                 db, row.id, status=ApprovalStatus.EXPIRED, decided_by=None, reason=None, now=now
-            ):
-                audit.record(
+            )
+            if done is not None:
+                await audit.record(
                     db,
                     team_id=row.team_id,
                     at=now,
@@ -356,8 +347,7 @@ class Workflow:
                     approval_id=row.id,
                     input=row.input,
                 )
-                await db.refresh(row)
-                expired.append(await self._info(db, row))
+                expired.append(await self._find_thread(db, done))
         return expired
 
     async def knows(self, thread: Thread) -> bool:
@@ -367,12 +357,13 @@ class Workflow:
 
     async def approval(self, team_id: str, approval_id: str) -> ApprovalInfo | None:
         async with self._sessions() as db:
-            row = await approvals.get_approval(db, team_id, approval_id)
-            return None if row is None else await self._info(db, row)
+            found = await approvals.locate(db, team_id, approval_id)
+        return None if found is None else self._located(found)
 
     async def pending(self, team_id: str) -> list[ApprovalInfo]:
         async with self._sessions() as db:
-            return [await self._info(db, r) for r in await approvals.pending_approvals(db, team_id)]
+            rows = await approvals.pending_approvals(db, team_id)
+            return [await self._find_thread(db, r) for r in rows]
 
     async def attach_card(self, approval_id: str, *, channel: str, ts: str) -> None:
         async with self._sessions.begin() as db:
@@ -428,8 +419,6 @@ class Workflow:
             created_at=now,
             updated_at=now,
         )
-        db.add(turn)
-        await db.flush()  # approvals reference it
         whys = {
             p.tool_request.ref: interrupt_why(p)
             for p in (out.message.content if out.message else [])
@@ -453,21 +442,21 @@ class Workflow:
                 execution=Execution.NOT_STARTED,
                 card_channel=policy.channel,
             )
-            db.add(row)
-            audit.record(
+            rows.append(row)
+        await approvals.add_paused_turn(db, turn, rows)
+        for row in rows:
+            await audit.record(
                 db,
                 team_id=thread.team_id,
                 at=now,
                 actor=requester,
                 action="requested",
-                tool=intr.name,
+                tool=row.tool,
                 approval_id=row.id,
                 input=row.input,
                 why=row.why,
             )
-            rows.append(row)
-        await db.flush()
-        return tuple([await self._info(db, r, thread) for r in rows])
+        return tuple([self._info(r, thread) for r in rows])
 
     async def _interrupt_policies(
         self, scope: TurnScope, out: AgentResponse[Any]
@@ -510,13 +499,23 @@ class Workflow:
                     return
 
     async def _infos(self, db: Any, turn_id: str, thread: Thread) -> tuple[ApprovalInfo, ...]:
-        rows = await approvals.turn_approvals(db, turn_id)
-        return tuple([await self._info(db, r, thread) for r in rows])
+        return tuple([self._info(r, thread) for r in await approvals.turn_approvals(db, turn_id)])
 
-    async def _info(self, db: Any, row: Approval, thread: Thread | None = None) -> ApprovalInfo:
-        if thread is None:
-            conv = await approvals.conversation_of_turn(db, row.turn_id)
-            thread = Thread(conv.team_id, conv.channel_id, conv.thread_ts)
+    async def _busy(self, db: Any, thread: Thread) -> Busy:
+        """Why the thread could not be claimed: the approvals it waits on, if any."""
+        conv = await approvals.find_conversation(db, *astuple(thread))
+        waiting = None if conv is None else await approvals.open_turn(db, conv.id)
+        return Busy(thread, () if waiting is None else await self._infos(db, waiting.id, thread))
+
+    async def _find_thread(self, db: Any, row: Approval) -> ApprovalInfo:
+        conv = await approvals.conversation_of_turn(db, row.turn_id)
+        return self._info(row, Thread(conv.team_id, conv.channel_id, conv.thread_ts))
+
+    def _located(self, found: approvals.Located) -> ApprovalInfo:
+        row = found.approval
+        return self._info(row, Thread(row.team_id, found.channel_id, found.thread_ts))
+
+    def _info(self, row: Approval, thread: Thread) -> ApprovalInfo:
         return ApprovalInfo(
             id=row.id,
             turn_id=row.turn_id,

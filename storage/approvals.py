@@ -2,99 +2,264 @@
 
 Each transition names the state it leaves in its WHERE clause, so when two callers race
 (two clicks, two replicas, a retry) exactly one gets a row back and the other learns so.
+
+Statements on the paths every conversation takes are Core, built once at import and
+returning what the caller needs (RETURNING) instead of a second read: through the ORM they
+cost more CPU than the database spends running them. Rows come back as detached model
+instances, so callers stay typed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import and_, func, or_, select, update
-from sqlalchemy.exc import IntegrityError
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from storage.models import Approval, ApprovalStatus, Conversation, Execution, Turn, TurnState
+from storage.models import (
+    Approval,
+    ApprovalStatus,
+    Base,
+    Conversation,
+    Execution,
+    Turn,
+    TurnState,
+)
 
 OPEN_TURN_STATES = (TurnState.WAITING, TurnState.RESUMING)
+A, T, C = (cast(sa.Table, m.__table__) for m in (Approval, Turn, Conversation))
+M = TypeVar("M", bound=Base)
+
+
+def _as(model: type[M], row: sa.Row[Any] | None) -> M | None:
+    return None if row is None else model(**row._mapping)
+
+
+def _all(model: type[M], rows: Sequence[sa.Row[Any]]) -> list[M]:
+    return [model(**row._mapping) for row in rows]
+
+
+def _changed(result: sa.Result[Any]) -> bool:
+    return cast(sa.CursorResult[Any], result).rowcount == 1
+
+
+@dataclass(frozen=True)
+class Located:
+    """An approval with the Slack thread of its conversation."""
+
+    approval: Approval
+    channel_id: str
+    thread_ts: str
+
+
+# The conflicting row, named as PostgreSQL and SQLite name it in an upsert's WHERE: the
+# compiler does not correlate a subquery there, and C.c.id would add `conversations` to
+# the subquery's FROM.
+_EXISTING_ID: sa.ColumnClause[str] = sa.literal_column(f"{C.name}.id")
+_OPEN_TURN = (
+    sa.select(T.c.id)
+    .where(T.c.conversation_id == _EXISTING_ID, T.c.state.in_(OPEN_TURN_STATES))
+    .exists()
+)
+
+
+def _claim_thread(dialect: Any) -> Any:
+    """Create the thread's conversation, or take an idle one: one statement either way."""
+    insert = dialect.insert(C)
+    return insert.on_conflict_do_update(
+        index_elements=[C.c.team_id, C.c.channel_id, C.c.thread_ts],
+        set_={"busy_until": insert.excluded.busy_until},
+        where=sa.and_(
+            sa.or_(C.c.busy_until.is_(None), C.c.busy_until < sa.bindparam("now")), ~_OPEN_TURN
+        ),
+    ).returning(C)
+
+
+CLAIM_THREAD = {"postgresql": _claim_thread(postgresql), "sqlite": _claim_thread(sqlite)}
+FIND_CONVERSATION = sa.select(C).where(
+    C.c.team_id == sa.bindparam("team_id"),
+    C.c.channel_id == sa.bindparam("channel_id"),
+    C.c.thread_ts == sa.bindparam("thread_ts"),
+)
+GET_CONVERSATION = sa.select(C).where(C.c.id == sa.bindparam("id"))
+# (Bind names in UPDATEs differ from the columns': SQLAlchemy reserves those for SET.)
+RELEASE = sa.update(C).where(C.c.id == sa.bindparam("conversation")).values(busy_until=None)
+RELEASE_AT = RELEASE.values(snapshot_id=sa.bindparam("snapshot"))
+LOCATED = (
+    sa.select(A, C.c.channel_id.label("thread_channel"), C.c.thread_ts.label("thread_ts"))
+    .join(T, T.c.id == A.c.turn_id)
+    .join(C, C.c.id == T.c.conversation_id)
+    .where(A.c.team_id == sa.bindparam("team_id"), A.c.id == sa.bindparam("id"))
+)
+TURN_APPROVALS = (
+    sa.select(A).where(A.c.turn_id == sa.bindparam("turn_id")).order_by(A.c.requested_at, A.c.id)
+)
+UNDECIDED = (
+    sa.select(sa.func.count())
+    .select_from(A)
+    .where(A.c.turn_id == sa.bindparam("turn_id"), A.c.status == ApprovalStatus.PENDING)
+)
+DECIDE = (
+    sa.update(A)
+    .where(A.c.id == sa.bindparam("approval"), A.c.status == ApprovalStatus.PENDING)
+    .values(
+        status=sa.bindparam("decision"),
+        decided_by=sa.bindparam("by"),
+        decided_at=sa.bindparam("now"),
+        reason=sa.bindparam("because"),
+    )
+    .returning(A)
+)
+_undecided_of_turn = (
+    sa.select(sa.func.count())
+    .select_from(A)
+    .where(A.c.turn_id == T.c.id, A.c.status == ApprovalStatus.PENDING)
+    .scalar_subquery()
+)
+_claimable = sa.or_(
+    T.c.state == TurnState.WAITING,
+    sa.and_(T.c.state == TurnState.RESUMING, T.c.lease_until < sa.bindparam("now")),
+)
+CLAIM_TURN = (
+    sa.update(T)
+    .where(T.c.id == sa.bindparam("turn"), _undecided_of_turn == 0, _claimable)
+    .values(
+        state=TurnState.RESUMING,
+        lease_until=sa.bindparam("lease"),
+        attempts=T.c.attempts + 1,
+        updated_at=sa.bindparam("now"),
+    )
+    .returning(T)
+)
+_resuming = sa.and_(
+    T.c.id == sa.bindparam("turn"),
+    T.c.state == TurnState.RESUMING,
+    T.c.attempts == sa.bindparam("attempt"),
+)
+EXTEND_LEASE = sa.update(T).where(_resuming).values(lease_until=sa.bindparam("until"))
+FINISH_TURN = (
+    sa.update(T)
+    .where(_resuming)
+    .values(state=sa.bindparam("new_state"), lease_until=None, updated_at=sa.bindparam("now"))
+)
+START_EXECUTION = (
+    sa.update(A)
+    .where(
+        A.c.id == sa.bindparam("approval"),
+        A.c.team_id == sa.bindparam("team"),
+        A.c.tool == sa.bindparam("tool_name"),
+        A.c.ref == sa.bindparam("call_ref"),
+        A.c.status == ApprovalStatus.APPROVED,
+        A.c.execution == Execution.NOT_STARTED,
+    )
+    .values(execution=Execution.STARTED)
+    .returning(A)
+)
+FINISH_EXECUTION = (
+    sa.update(A)
+    .where(A.c.id == sa.bindparam("approval"), A.c.execution == Execution.STARTED)
+    .values(execution=Execution.FINISHED, output=sa.bindparam("result"))
+)
+SET_CARD = (
+    sa.update(A)
+    .where(A.c.id == sa.bindparam("approval"))
+    .values(card_channel=sa.bindparam("channel"), card_ts=sa.bindparam("ts"))
+)
+
+
+async def claim_thread(
+    db: AsyncSession,
+    *,
+    new_id: str,
+    team_id: str,
+    channel_id: str,
+    thread_ts: str,
+    now: datetime,
+    until: datetime,
+) -> Conversation | None:
+    """Take the Slack thread's conversation (created on its first message) for one turn.
+
+    None while another turn runs in it or waits for approval there. Concurrent first
+    messages share one row: the unique thread index decides which insert becomes it.
+    """
+    statement = CLAIM_THREAD[db.get_bind().dialect.name]
+    values = {
+        "id": new_id,
+        "team_id": team_id,
+        "channel_id": channel_id,
+        "thread_ts": thread_ts,
+        "snapshot_id": None,
+        "created_at": now,
+        "busy_until": until,
+        "now": now,
+    }
+    return _as(Conversation, (await db.execute(statement, values)).first())
 
 
 async def find_conversation(
     db: AsyncSession, team_id: str, channel_id: str, thread_ts: str
 ) -> Conversation | None:
-    query = select(Conversation).where(
-        Conversation.team_id == team_id,
-        Conversation.channel_id == channel_id,
-        Conversation.thread_ts == thread_ts,
-    )
-    return (await db.execute(query)).scalar_one_or_none()
+    keys = {"team_id": team_id, "channel_id": channel_id, "thread_ts": thread_ts}
+    return _as(Conversation, (await db.execute(FIND_CONVERSATION, keys)).first())
 
 
-async def get_or_create_conversation(
-    db: AsyncSession, *, new_id: str, team_id: str, channel_id: str, thread_ts: str, now: datetime
-) -> Conversation:
-    """The conversation bound to a Slack thread; concurrent first messages share one row."""
-    found = await find_conversation(db, team_id, channel_id, thread_ts)
-    if found is not None:
-        return found
-    row = Conversation(
-        id=new_id, team_id=team_id, channel_id=channel_id, thread_ts=thread_ts, created_at=now
-    )
-    try:
-        async with db.begin_nested():
-            db.add(row)
-    except IntegrityError:
-        existing = await find_conversation(db, team_id, channel_id, thread_ts)
-        assert existing is not None
-        return existing
-    return row
-
-
-async def claim_conversation(
-    db: AsyncSession, conversation_id: str, *, now: datetime, until: datetime
-) -> bool:
-    """Take the thread for one turn; False while another turn runs in it."""
-    result = await db.execute(
-        update(Conversation)
-        .where(
-            Conversation.id == conversation_id,
-            or_(Conversation.busy_until.is_(None), Conversation.busy_until < now),
-        )
-        .values(busy_until=until)
-    )
-    return result.rowcount == 1  # type: ignore[attr-defined,no-any-return]
+async def get_conversation(db: AsyncSession, conversation_id: str) -> Conversation:
+    row = (await db.execute(GET_CONVERSATION, {"id": conversation_id})).one()
+    return Conversation(**row._mapping)
 
 
 async def release_conversation(
     db: AsyncSession, conversation_id: str, *, snapshot_id: str | None
 ) -> None:
     """Free the thread; `snapshot_id` (when given) is where the next message continues."""
-    values: dict[str, Any] = {"busy_until": None}
-    if snapshot_id is not None:
-        values["snapshot_id"] = snapshot_id
-    await db.execute(update(Conversation).where(Conversation.id == conversation_id).values(values))
+    if snapshot_id is None:
+        await db.execute(RELEASE, {"conversation": conversation_id})
+    else:
+        await db.execute(RELEASE_AT, {"conversation": conversation_id, "snapshot": snapshot_id})
 
 
 async def open_turn(db: AsyncSession, conversation_id: str) -> Turn | None:
-    query = select(Turn).where(
+    query = sa.select(Turn).where(
         Turn.conversation_id == conversation_id, Turn.state.in_(OPEN_TURN_STATES)
     )
     return (await db.execute(query.limit(1))).scalar_one_or_none()
 
 
 async def conversation_of_turn(db: AsyncSession, turn_id: str) -> Conversation:
-    query = select(Conversation).join(Turn, Turn.conversation_id == Conversation.id)
+    query = sa.select(Conversation).join(Turn, Turn.conversation_id == Conversation.id)
     return (await db.execute(query.where(Turn.id == turn_id))).scalar_one()
 
 
-async def get_approval(db: AsyncSession, team_id: str, approval_id: str) -> Approval | None:
-    query = select(Approval).where(Approval.team_id == team_id, Approval.id == approval_id)
-    return (await db.execute(query)).scalar_one_or_none()
+async def locate(db: AsyncSession, team_id: str, approval_id: str) -> Located | None:
+    """The approval and its thread, in one query."""
+    row = (await db.execute(LOCATED, {"team_id": team_id, "id": approval_id})).first()
+    if row is None:
+        return None
+    values = dict(row._mapping)
+    channel, thread_ts = values.pop("thread_channel"), values.pop("thread_ts")
+    return Located(Approval(**values), channel, thread_ts)
 
 
-async def turn_approvals(db: AsyncSession, turn_id: str) -> Sequence[Approval]:
-    query = select(Approval).where(Approval.turn_id == turn_id)
-    return (await db.execute(query.order_by(Approval.requested_at, Approval.id))).scalars().all()
+async def turn_approvals(db: AsyncSession, turn_id: str) -> list[Approval]:
+    return _all(Approval, (await db.execute(TURN_APPROVALS, {"turn_id": turn_id})).all())
+
+
+async def undecided(db: AsyncSession, turn_id: str) -> int:
+    return int((await db.execute(UNDECIDED, {"turn_id": turn_id})).scalar_one())
+
+
+async def add_paused_turn(db: AsyncSession, turn: Turn, rows: Sequence[Approval]) -> None:
+    """Insert a turn stopped on interrupts and one approval per interrupt."""
+    await db.execute(sa.insert(T), [_values(T, turn)])
+    await db.execute(sa.insert(A), [_values(A, row) for row in rows])
+
+
+def _values(table: sa.Table, obj: Base) -> dict[str, Any]:
+    return {c.key: getattr(obj, c.key) for c in table.columns}
 
 
 async def record_decision(
@@ -105,20 +270,23 @@ async def record_decision(
     decided_by: str | None,
     reason: str | None,
     now: datetime,
-) -> bool:
-    """pending -> approved/denied/expired, once. False when someone else decided first."""
-    result = await db.execute(
-        update(Approval)
-        .where(Approval.id == approval_id, Approval.status == ApprovalStatus.PENDING)
-        .values(status=status, decided_by=decided_by, decided_at=now, reason=reason)
-    )
-    return result.rowcount == 1  # type: ignore[attr-defined,no-any-return]
+) -> Approval | None:
+    """pending -> approved/denied/expired, once: the decided row, or None if someone else
+    decided first."""
+    values = {
+        "approval": approval_id,
+        "decision": status,
+        "by": decided_by,
+        "because": reason,
+        "now": now,
+    }
+    return _as(Approval, (await db.execute(DECIDE, values)).first())
 
 
 async def expired_approvals(
     db: AsyncSession, *, now: datetime, team_id: str | None = None
 ) -> Sequence[Approval]:
-    query = select(Approval).where(
+    query = sa.select(Approval).where(
         Approval.status == ApprovalStatus.PENDING, Approval.expires_at <= now
     )
     if team_id is not None:
@@ -134,52 +302,21 @@ async def claim_turn(
     A waiting turn is claimed once; a resuming turn only after its lease ran out (its
     process died or gave up), which is how recovery takes over without a second runner.
     """
-    undecided = (
-        select(func.count())
-        .select_from(Approval)
-        .where(Approval.turn_id == Turn.id, Approval.status == ApprovalStatus.PENDING)
-        .scalar_subquery()
-    )
-    result = await db.execute(
-        update(Turn)
-        .where(
-            Turn.id == turn_id,
-            undecided == 0,
-            or_(
-                Turn.state == TurnState.WAITING,
-                and_(Turn.state == TurnState.RESUMING, Turn.lease_until < now),
-            ),
-        )
-        .values(
-            state=TurnState.RESUMING,
-            lease_until=lease_until,
-            attempts=Turn.attempts + 1,
-            updated_at=now,
-        )
-        .returning(Turn)
-    )
-    return result.scalar_one_or_none()
+    values = {"turn": turn_id, "now": now, "lease": lease_until}
+    return _as(Turn, (await db.execute(CLAIM_TURN, values)).first())
 
 
 async def extend_lease(db: AsyncSession, turn_id: str, *, attempt: int, until: datetime) -> bool:
     """Keep a running resume's claim alive; False if it was lost (another took over)."""
-    result = await db.execute(
-        update(Turn)
-        .where(Turn.id == turn_id, Turn.state == TurnState.RESUMING, Turn.attempts == attempt)
-        .values(lease_until=until)
-    )
-    return result.rowcount == 1  # type: ignore[attr-defined,no-any-return]
+    values = {"turn": turn_id, "attempt": attempt, "until": until}
+    return _changed(await db.execute(EXTEND_LEASE, values))
 
 
 async def finish_turn(
     db: AsyncSession, turn_id: str, *, attempt: int, state: TurnState, now: datetime
 ) -> bool:
-    result = await db.execute(
-        update(Turn)
-        .where(Turn.id == turn_id, Turn.state == TurnState.RESUMING, Turn.attempts == attempt)
-        .values(state=state, lease_until=None, updated_at=now)
-    )
-    return result.rowcount == 1  # type: ignore[attr-defined,no-any-return]
+    values = {"turn": turn_id, "attempt": attempt, "new_state": state, "now": now}
+    return _changed(await db.execute(FINISH_TURN, values))
 
 
 async def recoverable_turns(
@@ -187,15 +324,15 @@ async def recoverable_turns(
 ) -> Sequence[str]:
     """Turns a sweep should try to claim: decided but idle, or resuming with a dead lease."""
     undecided = (
-        select(Approval.id)
+        sa.select(Approval.id)
         .where(Approval.turn_id == Turn.id, Approval.status == ApprovalStatus.PENDING)
         .exists()
     )
-    query = select(Turn.id).where(
+    query = sa.select(Turn.id).where(
         ~undecided,
-        or_(
+        sa.or_(
             Turn.state == TurnState.WAITING,
-            and_(Turn.state == TurnState.RESUMING, Turn.lease_until < now),
+            sa.and_(Turn.state == TurnState.RESUMING, Turn.lease_until < now),
         ),
     )
     if team_id is not None:
@@ -205,41 +342,26 @@ async def recoverable_turns(
 
 async def start_execution(
     db: AsyncSession, approval_id: str, *, team_id: str, tool: str, ref: str
-) -> bool:
-    """not_started -> started for an approved call: the one gate every execution passes."""
-    result = await db.execute(
-        update(Approval)
-        .where(
-            Approval.id == approval_id,
-            Approval.team_id == team_id,
-            Approval.tool == tool,
-            Approval.ref == ref,
-            Approval.status == ApprovalStatus.APPROVED,
-            Approval.execution == Execution.NOT_STARTED,
-        )
-        .values(execution=Execution.STARTED)
-    )
-    return result.rowcount == 1  # type: ignore[attr-defined,no-any-return]
+) -> Approval | None:
+    """not_started -> started for an approved call: the one gate every execution passes.
+
+    The row when this caller passed it; None for everyone else, ever."""
+    values = {"approval": approval_id, "team": team_id, "tool_name": tool, "call_ref": ref}
+    return _as(Approval, (await db.execute(START_EXECUTION, values)).first())
 
 
 async def finish_execution(db: AsyncSession, approval_id: str, *, output: dict[str, Any]) -> None:
-    await db.execute(
-        update(Approval)
-        .where(Approval.id == approval_id, Approval.execution == Execution.STARTED)
-        .values(execution=Execution.FINISHED, output=output)
-    )
+    await db.execute(FINISH_EXECUTION, {"approval": approval_id, "result": output})
 
 
 async def set_card(db: AsyncSession, approval_id: str, *, channel: str, ts: str) -> None:
-    await db.execute(
-        update(Approval).where(Approval.id == approval_id).values(card_channel=channel, card_ts=ts)
-    )
+    await db.execute(SET_CARD, {"approval": approval_id, "channel": channel, "ts": ts})
 
 
 async def uncarded_approvals(
     db: AsyncSession, *, requested_before: datetime, team_id: str | None = None
 ) -> Sequence[Approval]:
-    query = select(Approval).where(
+    query = sa.select(Approval).where(
         Approval.status == ApprovalStatus.PENDING,
         Approval.card_ts.is_(None),
         Approval.card_channel.is_not(None),
@@ -251,7 +373,7 @@ async def uncarded_approvals(
 
 
 async def pending_approvals(db: AsyncSession, team_id: str) -> Sequence[Approval]:
-    query = select(Approval).where(
+    query = sa.select(Approval).where(
         Approval.team_id == team_id, Approval.status == ApprovalStatus.PENDING
     )
     return (await db.execute(query.order_by(Approval.requested_at))).scalars().all()

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
+import sqlalchemy as sa
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.models import AuditEvent
 
+INSERT = sa.insert(cast(sa.Table, AuditEvent.__table__))
 
-def record(
+
+async def record(
     db: AsyncSession,
     *,
     team_id: str,
@@ -23,17 +26,9 @@ def record(
     approval_id: str | None = None,
     **detail: Any,
 ) -> None:
-    db.add(
-        AuditEvent(
-            team_id=team_id,
-            at=at,
-            actor=actor,
-            action=action,
-            tool=tool,
-            approval_id=approval_id,
-            detail=detail,
-        )
-    )
+    """Append one event in the caller's transaction (a prebuilt Core insert: no ORM flush)."""
+    event = {"team_id": team_id, "at": at, "actor": actor, "action": action}
+    await db.execute(INSERT, {**event, "tool": tool, "approval_id": approval_id, "detail": detail})
 
 
 async def recent(

@@ -4,16 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
+import sqlalchemy as sa
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.models import ToolPolicy
 
+_P = cast(sa.Table, ToolPolicy.__table__)
+# Read at every tool call: a prebuilt Core query, not the ORM's identity-map get.
+GET = sa.select(_P).where(
+    _P.c.team_id == sa.bindparam("team_id"), _P.c.tool == sa.bindparam("tool")
+)
+
 
 async def get_policy(db: AsyncSession, team_id: str, tool: str) -> ToolPolicy | None:
-    return await db.get(ToolPolicy, (team_id, tool))
+    row = (await db.execute(GET, {"team_id": team_id, "tool": tool})).first()
+    return None if row is None else ToolPolicy(**row._mapping)
 
 
 async def team_policies(db: AsyncSession, team_id: str) -> Sequence[ToolPolicy]:
