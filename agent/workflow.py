@@ -22,7 +22,7 @@ from agent.approval import UNKNOWN_OUTCOME, TurnScope, current_scope, interrupt_
 from agent.policy import ApproverFacts, Policy, PolicyService, refusal
 from agent.runtime import AgentRuntime
 from storage import approvals, audit
-from storage.db import SessionFactory
+from storage.db import SessionFactory, read_only
 from storage.models import (
     Approval,
     ApprovalStatus,
@@ -254,7 +254,7 @@ class Workflow:
         `facts` may be a callback: the transport then looks people up only for a request
         that exists and is pending, knowing its tool's policy.
         """
-        async with self._sessions() as db:
+        async with read_only(self._sessions) as db:
             found = await approvals.locate(db, team_id, approval_id)
             if found is None:
                 raise DecisionRefused("not_found")
@@ -352,16 +352,16 @@ class Workflow:
 
     async def knows(self, thread: Thread) -> bool:
         """Whether this thread already is a conversation (so replies in it continue it)."""
-        async with self._sessions() as db:
+        async with read_only(self._sessions) as db:
             return await approvals.find_conversation(db, *astuple(thread)) is not None
 
     async def approval(self, team_id: str, approval_id: str) -> ApprovalInfo | None:
-        async with self._sessions() as db:
+        async with read_only(self._sessions) as db:
             found = await approvals.locate(db, team_id, approval_id)
         return None if found is None else self._located(found)
 
     async def pending(self, team_id: str) -> list[ApprovalInfo]:
-        async with self._sessions() as db:
+        async with read_only(self._sessions) as db:
             rows = await approvals.pending_approvals(db, team_id)
             return [await self._find_thread(db, r) for r in rows]
 
@@ -370,7 +370,7 @@ class Workflow:
             await approvals.set_card(db, approval_id, channel=channel, ts=ts)
 
     async def audit_trail(self, team_id: str, tool: str | None = None) -> list[AuditEvent]:
-        async with self._sessions() as db:
+        async with read_only(self._sessions) as db:
             return list(await audit.recent(db, team_id, tool=tool))
 
     # -- internals ---------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from sqlalchemy import event, exc
@@ -72,3 +74,16 @@ def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
 
 def make_session_factory(engine: AsyncEngine) -> SessionFactory:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+@contextlib.asynccontextmanager
+async def read_only(sessions: SessionFactory) -> AsyncIterator[AsyncSession]:
+    """A session for reads that need no transaction around them.
+
+    On PostgreSQL each statement then runs on its own (autocommit): no BEGIN and ROLLBACK
+    round trips around a lookup. SQLite reads are local calls, so nothing changes there.
+    """
+    async with sessions() as db:
+        if db.get_bind().dialect.name == "postgresql":
+            await db.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        yield db
