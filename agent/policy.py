@@ -13,7 +13,7 @@ from typing import Literal
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage import audit, policies
-from storage.db import SessionFactory, read_only
+from storage.db import SessionFactory, autocommit
 from storage.models import ToolPolicy
 
 
@@ -112,11 +112,11 @@ class PolicyService:
         """The tool's policy as stored now (on the caller's session when it has one open)."""
         if db is not None:
             return _from_row(tool, await policies.get_policy(db, team_id, tool), self._defaults)
-        async with read_only(self._sessions) as own:
+        async with autocommit(self._sessions) as own:
             return await self.get(team_id, tool, own)
 
     async def all(self, team_id: str) -> list[Policy]:
-        async with read_only(self._sessions) as db:
+        async with autocommit(self._sessions) as db:
             rows = {row.tool: row for row in await policies.team_policies(db, team_id)}
         return [_from_row(t, rows.get(t), self._defaults) for t in self.known_tools()]
 

@@ -22,7 +22,7 @@ from agent.approval import UNKNOWN_OUTCOME, TurnScope, current_scope, interrupt_
 from agent.policy import ApproverFacts, Policy, PolicyService, refusal
 from agent.runtime import AgentRuntime
 from storage import approvals, audit
-from storage.db import SessionFactory, read_only
+from storage.db import SessionFactory, autocommit
 from storage.models import (
     Approval,
     ApprovalStatus,
@@ -191,16 +191,17 @@ class Workflow:
             out = await self._run(scope, conv.snapshot_id, on_text, lambda c: c.send_stream(text))
         except Exception:
             log.exception("turn failed in conversation %s", conv.id)
-            async with self._sessions.begin() as db:
+            async with autocommit(self._sessions) as db:
                 await approvals.release_conversation(db, conv.id, snapshot_id=None)
             return Failed(thread)
         if out.finish_reason == AgentFinishReason.INTERRUPTED:
             policies = await self._interrupt_policies(scope, out)
             async with self._sessions.begin() as db:
+                # The thread stays taken: its open turn keeps later messages out until the
+                # resume finishes it and releases the thread.
                 infos = await self._pause(db, conv, thread, requester, out, policies)
-                await approvals.release_conversation(db, conv.id, snapshot_id=None)
             return AwaitingApproval(thread, infos)
-        async with self._sessions.begin() as db:
+        async with autocommit(self._sessions) as db:
             await approvals.release_conversation(db, conv.id, snapshot_id=out.snapshot_id)
         return Reply(thread, out.text)
 
@@ -254,7 +255,7 @@ class Workflow:
         `facts` may be a callback: the transport then looks people up only for a request
         that exists and is pending, knowing its tool's policy.
         """
-        async with read_only(self._sessions) as db:
+        async with autocommit(self._sessions) as db:
             found = await approvals.locate(db, team_id, approval_id)
             if found is None:
                 raise DecisionRefused("not_found")
@@ -306,8 +307,7 @@ class Workflow:
                 input=info.input,
                 reason=reason,
             )
-            ready = await approvals.undecided(db, info.turn_id) == 0
-        return Decided(self._info(won, info.thread), info.turn_id, ready)
+        return Decided(self._info(won.approval, info.thread), info.turn_id, won.others_pending == 0)
 
     # -- maintenance -------------------------------------------------------------------
 
@@ -347,30 +347,30 @@ class Workflow:
                     approval_id=row.id,
                     input=row.input,
                 )
-                expired.append(await self._find_thread(db, done))
+                expired.append(await self._find_thread(db, done.approval))
         return expired
 
     async def knows(self, thread: Thread) -> bool:
         """Whether this thread already is a conversation (so replies in it continue it)."""
-        async with read_only(self._sessions) as db:
+        async with autocommit(self._sessions) as db:
             return await approvals.find_conversation(db, *astuple(thread)) is not None
 
     async def approval(self, team_id: str, approval_id: str) -> ApprovalInfo | None:
-        async with read_only(self._sessions) as db:
+        async with autocommit(self._sessions) as db:
             found = await approvals.locate(db, team_id, approval_id)
         return None if found is None else self._located(found)
 
     async def pending(self, team_id: str) -> list[ApprovalInfo]:
-        async with read_only(self._sessions) as db:
+        async with autocommit(self._sessions) as db:
             rows = await approvals.pending_approvals(db, team_id)
             return [await self._find_thread(db, r) for r in rows]
 
     async def attach_card(self, approval_id: str, *, channel: str, ts: str) -> None:
-        async with self._sessions.begin() as db:
+        async with autocommit(self._sessions) as db:
             await approvals.set_card(db, approval_id, channel=channel, ts=ts)
 
     async def audit_trail(self, team_id: str, tool: str | None = None) -> list[AuditEvent]:
-        async with read_only(self._sessions) as db:
+        async with autocommit(self._sessions) as db:
             return list(await audit.recent(db, team_id, tool=tool))
 
     # -- internals ---------------------------------------------------------------------

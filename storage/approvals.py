@@ -48,6 +48,14 @@ def _changed(result: sa.Result[Any]) -> bool:
 
 
 @dataclass(frozen=True)
+class Recorded:
+    """A decision that took effect, and how many of its turn's approvals still wait."""
+
+    approval: Approval
+    others_pending: int
+
+
+@dataclass(frozen=True)
 class Located:
     """An approval with the Slack thread of its conversation."""
 
@@ -98,10 +106,18 @@ LOCATED = (
 TURN_APPROVALS = (
     sa.select(A).where(A.c.turn_id == sa.bindparam("turn_id")).order_by(A.c.requested_at, A.c.id)
 )
-UNDECIDED = (
+_sibling = A.alias("sibling")
+# Still pending besides the row being decided (PostgreSQL's RETURNING sees the statement's
+# starting state, SQLite's may not: leaving the row out makes both agree).
+_OTHERS_PENDING = (
     sa.select(sa.func.count())
-    .select_from(A)
-    .where(A.c.turn_id == sa.bindparam("turn_id"), A.c.status == ApprovalStatus.PENDING)
+    .where(
+        _sibling.c.turn_id == A.c.turn_id,
+        _sibling.c.id != A.c.id,
+        _sibling.c.status == ApprovalStatus.PENDING,
+    )
+    .scalar_subquery()
+    .label("others_pending")
 )
 DECIDE = (
     sa.update(A)
@@ -112,7 +128,7 @@ DECIDE = (
         decided_at=sa.bindparam("now"),
         reason=sa.bindparam("because"),
     )
-    .returning(A)
+    .returning(A, _OTHERS_PENDING)
 )
 _undecided_of_turn = (
     sa.select(sa.func.count())
@@ -248,10 +264,6 @@ async def turn_approvals(db: AsyncSession, turn_id: str) -> list[Approval]:
     return _all(Approval, (await db.execute(TURN_APPROVALS, {"turn_id": turn_id})).all())
 
 
-async def undecided(db: AsyncSession, turn_id: str) -> int:
-    return int((await db.execute(UNDECIDED, {"turn_id": turn_id})).scalar_one())
-
-
 async def add_paused_turn(db: AsyncSession, turn: Turn, rows: Sequence[Approval]) -> None:
     """Insert a turn stopped on interrupts and one approval per interrupt."""
     await db.execute(sa.insert(T), [_values(T, turn)])
@@ -270,9 +282,8 @@ async def record_decision(
     decided_by: str | None,
     reason: str | None,
     now: datetime,
-) -> Approval | None:
-    """pending -> approved/denied/expired, once: the decided row, or None if someone else
-    decided first."""
+) -> Recorded | None:
+    """pending -> approved/denied/expired, once; None when someone else decided first."""
     values = {
         "approval": approval_id,
         "decision": status,
@@ -280,7 +291,12 @@ async def record_decision(
         "because": reason,
         "now": now,
     }
-    return _as(Approval, (await db.execute(DECIDE, values)).first())
+    row = (await db.execute(DECIDE, values)).first()
+    if row is None:
+        return None
+    columns = dict(row._mapping)
+    others = int(columns.pop("others_pending"))
+    return Recorded(Approval(**columns), others)
 
 
 async def expired_approvals(

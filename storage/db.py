@@ -77,13 +77,14 @@ def make_session_factory(engine: AsyncEngine) -> SessionFactory:
 
 
 @contextlib.asynccontextmanager
-async def read_only(sessions: SessionFactory) -> AsyncIterator[AsyncSession]:
-    """A session for reads that need no transaction around them.
+async def autocommit(sessions: SessionFactory) -> AsyncIterator[AsyncSession]:
+    """A session for lookups and lone writes, which need no transaction around them.
 
-    On PostgreSQL each statement then runs on its own (autocommit): no BEGIN and ROLLBACK
-    round trips around a lookup. SQLite reads are local calls, so nothing changes there.
+    On PostgreSQL each statement commits on its own: no BEGIN and COMMIT round trips. On
+    SQLite (local calls, no round trips) the session commits at the end as usual.
     """
     async with sessions() as db:
         if db.get_bind().dialect.name == "postgresql":
             await db.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
         yield db
+        await db.commit()
