@@ -208,7 +208,7 @@ class Workflow:
     async def continue_turn(self, turn_id: str, on_text: TextSink | None = None) -> Resumed | None:
         """Resume a fully decided turn, once. None when it is not ready or someone else has it."""
         now = self._clock()
-        async with self._sessions.begin() as db:
+        async with autocommit(self._sessions) as db:
             turn = await approvals.claim_turn(db, turn_id, now=now, lease_until=now + self._lease)
             if turn is None:
                 return None

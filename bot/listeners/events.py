@@ -15,6 +15,7 @@ from bot import blocks
 from bot.deps import Deps
 from bot.listeners.fields import message_ts, obj, slack_id
 from storage import events
+from storage.db import autocommit
 
 EVENT_ID = re.compile(r"Ev[A-Za-z0-9]{1,62}")
 STREAM_INTERVAL = 1.0  # seconds between placeholder updates: chat.update is rate limited
@@ -42,7 +43,7 @@ def register(app: AsyncApp, deps: Deps) -> None:
         event_id = body.get("event_id")
         if not (isinstance(event_id, str) and EVENT_ID.fullmatch(event_id)):
             return  # Slack always sends one; without it a retry could not be recognised
-        async with deps.sessions.begin() as db:
+        async with autocommit(deps.sessions) as db:
             if not await events.first_delivery(db, event_id, now=deps.clock()):
                 return  # Slack's retry of an event already handled
         text = re.sub(rf"{re.escape(bot_mention)}\s*", "", text).strip()
