@@ -97,21 +97,29 @@ class SqlStats:
         if self.trace is not None:
             self.trace.append((time.perf_counter(), what))
 
+    @staticmethod
+    def _autocommit(conn: Any) -> bool:
+        """SQLAlchemy still signals begin/commit in autocommit; nothing is sent for them."""
+        return bool(conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT")
+
     def _begin(self, conn: Any) -> None:
-        self.begins += 1
-        self._mark("(begin)")
+        if not self._autocommit(conn):
+            self.begins += 1
+            self._mark("(begin)")
 
     def _commit(self, conn: Any) -> None:
-        self.commits += 1
-        self._mark("COMMIT")
+        if not self._autocommit(conn):
+            self.commits += 1
+            self._mark("COMMIT")
 
     def _rollback(self, conn: Any) -> None:
-        self.rollbacks += 1
-        self._mark("ROLLBACK")
+        if not self._autocommit(conn):
+            self.rollbacks += 1
+            self._mark("ROLLBACK")
 
     def _checkout(self, *args: Any) -> None:
         self.checkouts += 1
-        self._mark("(pool checkout + pre-ping)")
+        self._mark("(pool checkout)")
 
     def _connect(self, *args: Any) -> None:
         self.connects += 1
