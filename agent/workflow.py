@@ -173,7 +173,7 @@ class Workflow:
     ) -> TurnOutcome:
         """Run one employee message; returns the reply, or the approvals it now waits on."""
         now = self._clock()
-        async with self._sessions.begin() as db:
+        async with autocommit(self._sessions) as db:  # the claim is one statement
             conv = await approvals.claim_thread(
                 db,
                 new_id=self._new_id(),
