@@ -6,6 +6,7 @@ cannot be posted leaves the approval in the database, where /approvals pending f
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -38,7 +39,8 @@ class Delivery:
         self._workflow = workflow
         self._clock = clock
         # A message's permalink never changes: ask Slack once per message, not per redraw.
-        self._permalinks: dict[tuple[str, str], str] = {}
+        # Kept as tasks, so a lookup started early (see `warm_link`) is shared, not repeated.
+        self._permalinks: dict[tuple[str, str], asyncio.Future[str | None]] = {}
 
     async def outcome(
         self, client: AsyncWebClient, outcome: TurnOutcome, *, placeholder: str | None = None
@@ -135,20 +137,34 @@ class Delivery:
         )
         return await self._permalink(client, Thread("", approval.card_channel, str(posted["ts"])))
 
+    def warm_link(self, client: AsyncWebClient, thread: Thread) -> None:
+        """Start looking up the thread's link now, off the path of a card that may need it."""
+        self._lookup(client, thread)
+
     async def _permalink(self, client: AsyncWebClient, thread: Thread) -> str | None:
+        lookup = self._lookup(client, thread)
+        link = await asyncio.shield(lookup)  # one waiter cancelled must not cancel the others
+        if link is None and self._permalinks.get((thread.channel_id, thread.thread_ts)) is lookup:
+            del self._permalinks[(thread.channel_id, thread.thread_ts)]  # ask again next time
+        return link
+
+    def _lookup(self, client: AsyncWebClient, thread: Thread) -> asyncio.Future[str | None]:
         key = (thread.channel_id, thread.thread_ts)
-        if (known := self._permalinks.get(key)) is not None:
-            return known
+        if (known := self._permalinks.get(key)) is None:
+            if len(self._permalinks) >= PERMALINKS_KEPT:
+                del self._permalinks[next(iter(self._permalinks))]  # the oldest
+            known = self._permalinks[key] = asyncio.ensure_future(self._ask(client, thread))
+        return known
+
+    @staticmethod
+    async def _ask(client: AsyncWebClient, thread: Thread) -> str | None:
+        """The link, or None: a card without it still works, so nothing here may fail it."""
         try:
             response = await client.chat_getPermalink(
                 channel=thread.channel_id, message_ts=thread.thread_ts
             )
-        except SlackApiError:
+        except Exception as exc:
+            log.warning("no permalink for %s: %r", thread.channel_id, exc)
             return None
         link = response.get("permalink")
-        if not link:
-            return None
-        if len(self._permalinks) >= PERMALINKS_KEPT:
-            del self._permalinks[next(iter(self._permalinks))]  # the oldest
-        self._permalinks[key] = str(link)
-        return str(link)
+        return str(link) if link else None

@@ -72,6 +72,7 @@ async def run_turn(
         await deps.delivery.say(client, thread, blocks.reply_message(HELLO))
         return
     posting = asyncio.create_task(deps.delivery.say(client, thread, blocks.thinking_message()))
+    deps.delivery.warm_link(client, thread)  # the card names the thread, if there is a card
     last = time.monotonic()
 
     async def on_text(so_far: str) -> None:

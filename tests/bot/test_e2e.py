@@ -164,6 +164,9 @@ async def test_dm_to_card_to_approve_to_reply(
     await settle(service)
     final = json.dumps(fake_slack.messages[update.args["ts"]]["blocks"])  # what approvers see
     assert "Approved by <@UBOSS>" in final and "Ran." in final
+    # The thread's link, looked up early and shared by every card and redraw: asked once.
+    links = [c.args["message_ts"] for c in fake_slack.calls_to("chat.getPermalink")]
+    assert links.count(asked.thread_ts) == 1
 
 
 async def test_deny_with_a_reason_reaches_the_model_and_nothing_runs(
