@@ -27,7 +27,6 @@ from storage.models import (
     Approval,
     ApprovalStatus,
     AuditEvent,
-    Conversation,
     Execution,
     Turn,
     TurnState,
@@ -199,7 +198,7 @@ class Workflow:
             async with self._sessions.begin() as db:
                 # The thread stays taken: its open turn keeps later messages out until the
                 # resume finishes it and releases the thread.
-                infos = await self._pause(db, conv, thread, requester, out, policies)
+                infos = await self._pause(db, conv.id, thread, requester, out, policies)
             return AwaitingApproval(thread, infos)
         async with autocommit(self._sessions) as db:
             await approvals.release_conversation(db, conv.id, snapshot_id=out.snapshot_id)
@@ -212,10 +211,11 @@ class Workflow:
             turn = await approvals.claim_turn(db, turn_id, now=now, lease_until=now + self._lease)
             if turn is None:
                 return None
-            conv = await approvals.get_conversation(db, turn.conversation_id)
-            rows = await approvals.turn_approvals(db, turn.id)
-        thread = Thread(conv.team_id, conv.channel_id, conv.thread_ts)
-        requester = rows[0].requester if rows else ""
+            located = await approvals.locate_turn(db, turn.id)
+        conv_id, rows = turn.conversation_id, [found.approval for found in located]
+        first = located[0]  # a paused turn has one approval per interrupt, so at least one
+        thread = Thread(turn.team_id, first.channel_id, first.thread_ts)
+        requester = rows[0].requester
         scope = TurnScope(team_id=turn.team_id, requester=requester)
         respond, restart = resume_parts(rows)
         heartbeat = asyncio.create_task(self._keep_lease(turn))
@@ -228,7 +228,7 @@ class Workflow:
             )
         except Exception:
             log.exception("resume of turn %s failed (attempt %d)", turn.id, turn.attempts)
-            return await self._resume_failed(turn, conv, thread)
+            return await self._resume_failed(turn, conv_id, thread)
         finally:
             heartbeat.cancel()
         policies = await self._interrupt_policies(scope, out)
@@ -240,9 +240,9 @@ class Workflow:
                 return None
             settled = await self._infos(db, turn.id, thread)
             if out.finish_reason == AgentFinishReason.INTERRUPTED:
-                infos = await self._pause(db, conv, thread, requester, out, policies)
+                infos = await self._pause(db, conv_id, thread, requester, out, policies)
                 return Resumed(AwaitingApproval(thread, infos), settled)
-            await approvals.release_conversation(db, conv.id, snapshot_id=out.snapshot_id)
+            await approvals.release_conversation(db, conv_id, snapshot_id=out.snapshot_id)
             return Resumed(Reply(thread, out.text), settled)
 
     # -- decisions ---------------------------------------------------------------------
@@ -400,7 +400,7 @@ class Workflow:
     async def _pause(
         self,
         db: Any,
-        conv: Conversation,
+        conversation_id: str,
         thread: Thread,
         requester: str,
         out: AgentResponse[Any],
@@ -411,7 +411,7 @@ class Workflow:
         turn = Turn(
             id=self._new_id(),
             team_id=thread.team_id,
-            conversation_id=conv.id,
+            conversation_id=conversation_id,
             session_id=out.session_id or "",
             snapshot_id=out.snapshot_id or "",
             state=TurnState.WAITING,
@@ -470,7 +470,7 @@ class Workflow:
             for i in out.interrupts
         }
 
-    async def _resume_failed(self, turn: Turn, conv: Conversation, thread: Thread) -> Resumed:
+    async def _resume_failed(self, turn: Turn, conversation_id: str, thread: Thread) -> Resumed:
         """Leave the turn for the sweep to retry, or give up after a few attempts."""
         now = self._clock()
         retrying = turn.attempts < MAX_RESUME_ATTEMPTS
@@ -484,7 +484,7 @@ class Workflow:
                     db, turn.id, attempt=turn.attempts, state=TurnState.FAILED, now=now
                 )
                 # The thread continues from before the failed turn, not from its dangling calls.
-                await approvals.release_conversation(db, conv.id, snapshot_id=None)
+                await approvals.release_conversation(db, conversation_id, snapshot_id=None)
             settled = await self._infos(db, turn.id, thread)
         return Resumed(Failed(thread, retrying=retrying), settled)
 

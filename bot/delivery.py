@@ -59,26 +59,33 @@ class Delivery:
     async def resumed(self, client: AsyncWebClient, resumed: Resumed) -> None:
         # The thread first: the requester is waiting for the answer; the cards' redraw can
         # follow it. A failure the sweep retries stays quiet until it is settled.
-        if not (isinstance(resumed.outcome, Failed) and resumed.outcome.retrying):
+        retrying = isinstance(resumed.outcome, Failed) and resumed.outcome.retrying
+        if not retrying:
             await self.outcome(client, resumed.outcome)
         for approval in resumed.settled:
-            await self.refresh_card(client, approval)
+            await self.refresh_card(client, approval, final=not retrying)
 
     async def sweep(self, client: AsyncWebClient, report: SweepReport) -> None:
         for approval in report.uncarded:
             await self._post_card(client, approval, await self._permalink(client, approval.thread))
         for approval in report.expired:
-            await self.refresh_card(client, approval)
+            await self.refresh_card(client, approval, final=True)
         for resumed in report.resumed:
             await self.resumed(client, resumed)
 
-    async def refresh_card(self, client: AsyncWebClient, approval: ApprovalInfo) -> None:
+    async def refresh_card(
+        self, client: AsyncWebClient, approval: ApprovalInfo, *, final: bool = False
+    ) -> None:
         """Redraw a card in place from the recorded state (decided cards lose their buttons).
 
-        The state is re-read just before drawing, so a late redraw (a losing click) does not
-        paint over a newer one (the call has run) with what it saw earlier.
+        Unless `final` (read after the approval's last change: its turn finished, or it
+        expired), the state is re-read just before drawing, so a late redraw (a losing click)
+        does not paint over a newer one (the call has run) with what it saw earlier.
         """
-        approval = await self._workflow.approval(approval.thread.team_id, approval.id) or approval
+        if not final:
+            approval = (
+                await self._workflow.approval(approval.thread.team_id, approval.id) or approval
+            )
         if approval.card_channel is None or approval.card_ts is None:
             return
         card = blocks.approval_card(

@@ -93,15 +93,17 @@ FIND_CONVERSATION = sa.select(C).where(
     C.c.channel_id == sa.bindparam("channel_id"),
     C.c.thread_ts == sa.bindparam("thread_ts"),
 )
-GET_CONVERSATION = sa.select(C).where(C.c.id == sa.bindparam("id"))
 # (Bind names in UPDATEs differ from the columns': SQLAlchemy reserves those for SET.)
 RELEASE = sa.update(C).where(C.c.id == sa.bindparam("conversation")).values(busy_until=None)
 RELEASE_AT = RELEASE.values(snapshot_id=sa.bindparam("snapshot"))
-LOCATED = (
+_LOCATED = (
     sa.select(A, C.c.channel_id.label("thread_channel"), C.c.thread_ts.label("thread_ts"))
     .join(T, T.c.id == A.c.turn_id)
     .join(C, C.c.id == T.c.conversation_id)
-    .where(A.c.team_id == sa.bindparam("team_id"), A.c.id == sa.bindparam("id"))
+)
+LOCATED = _LOCATED.where(A.c.team_id == sa.bindparam("team_id"), A.c.id == sa.bindparam("id"))
+LOCATED_BY_TURN = _LOCATED.where(A.c.turn_id == sa.bindparam("turn_id")).order_by(
+    A.c.requested_at, A.c.id
 )
 TURN_APPROVALS = (
     sa.select(A).where(A.c.turn_id == sa.bindparam("turn_id")).order_by(A.c.requested_at, A.c.id)
@@ -223,11 +225,6 @@ async def find_conversation(
     return _as(Conversation, (await db.execute(FIND_CONVERSATION, keys)).first())
 
 
-async def get_conversation(db: AsyncSession, conversation_id: str) -> Conversation:
-    row = (await db.execute(GET_CONVERSATION, {"id": conversation_id})).one()
-    return Conversation(**row._mapping)
-
-
 async def release_conversation(
     db: AsyncSession, conversation_id: str, *, snapshot_id: str | None
 ) -> None:
@@ -253,8 +250,15 @@ async def conversation_of_turn(db: AsyncSession, turn_id: str) -> Conversation:
 async def locate(db: AsyncSession, team_id: str, approval_id: str) -> Located | None:
     """The approval and its thread, in one query."""
     row = (await db.execute(LOCATED, {"team_id": team_id, "id": approval_id})).first()
-    if row is None:
-        return None
+    return None if row is None else _located(row)
+
+
+async def locate_turn(db: AsyncSession, turn_id: str) -> list[Located]:
+    """A turn's approvals, each with the thread, in one query."""
+    return [_located(row) for row in await db.execute(LOCATED_BY_TURN, {"turn_id": turn_id})]
+
+
+def _located(row: sa.Row[Any]) -> Located:
     values = dict(row._mapping)
     channel, thread_ts = values.pop("thread_channel"), values.pop("thread_ts")
     return Located(Approval(**values), channel, thread_ts)
