@@ -32,13 +32,14 @@ async def fault_engine() -> AsyncIterator[AsyncEngine]:
     await engine.dispose()
 
 
-def kill_connection_on(engine: AsyncEngine, statement_prefix: str) -> list[str]:
-    """Terminate the connection, from the server side, as it runs the first such statement."""
+def kill_connection_on(engine: AsyncEngine, fragment: str) -> list[str]:
+    """Terminate the connection, from the server side, as it runs the first statement that
+    contains `fragment` (alone, or inside a larger one, e.g. a CTE)."""
     killed: list[str] = []
 
     @event.listens_for(engine.sync_engine, "before_cursor_execute")
     def _kill(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if not killed and statement.lstrip().upper().startswith(statement_prefix):
+        if not killed and fragment in " ".join(statement.upper().split()):
             killed.append(statement)
             cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
 
