@@ -324,7 +324,7 @@ class Workflow:
             stranded = await approvals.uncarded_approvals(
                 db, requested_before=now - CARD_GRACE, team_id=team_id
             )
-            uncarded = [await self._find_thread(db, row) for row in stranded]
+            uncarded = [await self._info_of(db, row) for row in stranded]
             turn_ids = await approvals.recoverable_turns(db, now=now, team_id=team_id)
         resumed = [r for t in turn_ids if (r := await self.continue_turn(t)) is not None]
         return SweepReport(tuple(expired), tuple(resumed), tuple(uncarded))
@@ -347,7 +347,7 @@ class Workflow:
                     approval_id=row.id,
                     input=row.input,
                 )
-                expired.append(await self._find_thread(db, done.approval))
+                expired.append(await self._info_of(db, done.approval))
         return expired
 
     async def knows(self, thread: Thread) -> bool:
@@ -363,7 +363,7 @@ class Workflow:
     async def pending(self, team_id: str) -> list[ApprovalInfo]:
         async with autocommit(self._sessions) as db:
             rows = await approvals.pending_approvals(db, team_id)
-            return [await self._find_thread(db, r) for r in rows]
+            return [await self._info_of(db, r) for r in rows]
 
     async def attach_card(self, approval_id: str, *, channel: str, ts: str) -> None:
         async with autocommit(self._sessions) as db:
@@ -507,7 +507,8 @@ class Workflow:
         waiting = None if conv is None else await approvals.open_turn(db, conv.id)
         return Busy(thread, () if waiting is None else await self._infos(db, waiting.id, thread))
 
-    async def _find_thread(self, db: Any, row: Approval) -> ApprovalInfo:
+    async def _info_of(self, db: Any, row: Approval) -> ApprovalInfo:
+        """For rows read without their thread (sweeps, listings): one more query."""
         conv = await approvals.conversation_of_turn(db, row.turn_id)
         return self._info(row, Thread(conv.team_id, conv.channel_id, conv.thread_ts))
 
