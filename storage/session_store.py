@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import sqlalchemy as sa
 from genkit._ai._agents._session_stores._util import (
@@ -31,7 +31,7 @@ from genkit._core._base import _default_serializer
 from genkit._core._error import GenkitError
 from genkit.exp import SessionSnapshot, SessionStore
 from genkit.model import Message
-from pydantic_core import to_json
+from pydantic import TypeAdapter
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -42,11 +42,15 @@ current_team: ContextVar[str | None] = ContextVar("greenlight_current_team", def
 
 SaveFn = Callable[[SessionSnapshot | None], SessionSnapshot | None]
 _Row = sa.Row[Any, Any, Any, Any, Any, Any]  # a GET_ROW result
+# A PEEK result: a row's message count, inherited and digest, then its parent's count, digest.
+_Peek = tuple[int | None, int, str, int | None, str | None]
+_LEAVES = 1024  # how many rows a store remembers creating: about one per live conversation
 _RETRY_SQLSTATES = {"40001", "40P01"}  # PostgreSQL serialization failure, deadlock
+_MESSAGES = TypeAdapter(list[Message])  # serializes a list a little faster than to_json
 
 # Statements are built once: building them per call costs more than running them.
 S, M = cast(sa.Table, SnapshotRow.__table__), cast(sa.Table, MessageRow.__table__)
-_team: sa.BindParameter[str] = sa.bindparam("team")
+_team: sa.BindParameter[str] = sa.bindparam("team", type_=S.c.team_id.type)
 _KEY = sa.and_(S.c.team_id == _team, S.c.snapshot_id == sa.bindparam("sid"))
 _ROW = sa.select(S.c.snapshot_id, S.c.meta, S.c.message_count, S.c.inherited, S.c.digest)
 GET_ROW = _ROW.add_columns(S.c.version).where(_KEY)
@@ -60,15 +64,15 @@ _OWNED = sa.and_(S.c.team_id == _team, S.c.session_id == sa.bindparam("session")
 # A session's rows, light: Genkit's own select_leaf picks the leaf from them. Lookups by
 # session are rare here (the workflow resumes by snapshot id; a new chat finds no rows).
 LIGHT = sa.select(S.c.snapshot_id, S.c.parent_id, S.c.created_at).where(_OWNED)
-# The parent's count and digest and its parent's, FOR SHARE: messages a child inherits
-# cannot be rewritten before the child commits.
+# The parent's count and digest and its parent's: what a new message list may extend.
 _g = S.alias("grand")
-PARENT = (
+PEEK = (
     sa.select(S.c.message_count, S.c.inherited, S.c.digest, _g.c.message_count, _g.c.digest)
     .outerjoin(_g, sa.and_(_g.c.team_id == S.c.team_id, _g.c.snapshot_id == S.c.parent_id))
     .where(_KEY)
-    .with_for_update(read=True, of=S)
 )
+# FOR SHARE: messages a child inherits cannot be rewritten before the child commits.
+PARENT = PEEK.with_for_update(read=True, of=S)
 
 
 def _chain(t: Any, lo: Any, hi: Any) -> sa.Select[Any]:
@@ -94,13 +98,57 @@ MESSAGES = (
     .order_by(M.c.position)
 )
 _VALUES = ["session_id", "parent_id", "created_at", "meta", "message_count", "inherited", "digest"]
+_new = {c: sa.bindparam(f"new_{c}", type_=S.c[c].type) for c in _VALUES}
+# PostgreSQL only: a new row and its messages in one statement, atomic without a transaction.
+# The row goes in only if it inherits nothing or its parent's digest is still the one read
+# (locked FOR SHARE till the statement commits, as PARENT is); `created` is 0 rows if not.
+_unchanged = (
+    sa.select(S.c.snapshot_id)
+    .where(
+        S.c.team_id == _team,
+        S.c.snapshot_id == _new["parent_id"],
+        S.c.digest == sa.bindparam("parent_digest", type_=S.c.digest.type),
+    )
+    .with_for_update(read=True)
+    .cte("unchanged")
+)
+_created = (
+    sa.insert(S)
+    .from_select(
+        ["team_id", "snapshot_id", *_VALUES],
+        sa.select(_team, sa.bindparam("sid", type_=S.c.snapshot_id.type), *_new.values()).where(
+            sa.or_(_new["inherited"] == 0, sa.exists(_unchanged.select()))
+        ),
+    )
+    .returning(S.c.team_id, S.c.snapshot_id, S.c.inherited)
+    .cte("created")
+)
+_tail = sa.func.json_array_elements(sa.cast(sa.bindparam("tail", type_=sa.Text), sa.JSON))
+_elements = _tail.table_valued("value", with_ordinality="n").render_derived()
+_stored = sa.insert(M).from_select(
+    ["team_id", "snapshot_id", "position", "data"],
+    sa.select(
+        _created.c.team_id,
+        _created.c.snapshot_id,
+        _created.c.inherited + _elements.c.n - 1,
+        _elements.c.value,
+    ).select_from(_created.join(_elements, sa.true())),
+)
+CREATE = sa.select(sa.func.count()).select_from(_created).add_cte(_stored.cte("stored"))
 CAS = (
     sa.update(S)
     .where(_KEY, S.c.version == sa.bindparam("seen"))
-    .values(version=S.c.version + 1, **{c: sa.bindparam(f"new_{c}") for c in _VALUES})
+    .values(version=S.c.version + 1, **_new)
 )
 CHECKPOINT = sa.update(S).where(_KEY).values(inherited=0, version=S.c.version + 1)
 DELETE_MESSAGES = sa.delete(M).where(M.c.team_id == _team, M.c.snapshot_id == sa.bindparam("sid"))
+
+
+class _Plan(NamedTuple):
+    values: dict[str, Any]  # the row, but its key
+    tail: list[Message]  # the messages it stores: those the parent chain lacks
+    proof: str | None  # the parent's digest that the inherited messages rest on, if any
+    as_parent: _Peek  # the row as PEEK will read it
 
 
 class _Conflict(Exception):
@@ -114,12 +162,14 @@ def _retryable(exc: Exception) -> bool:
     return getattr(getattr(exc, "orig", None), "sqlstate", None) in _RETRY_SQLSTATES
 
 
-def _json(messages: Sequence[Message]) -> bytes:
+def _json(messages: list[Message]) -> bytes:
     """The messages as one JSON array, as `model_dump(mode='json')` stores them."""
-    return to_json(messages, by_alias=True, exclude_none=True, fallback=_default_serializer)
+    return _MESSAGES.dump_json(
+        messages, by_alias=True, exclude_none=True, fallback=_default_serializer
+    )
 
 
-def _digests(messages: Sequence[Message], cuts: Iterable[int]) -> dict[int, str]:
+def _digests(messages: list[Message], cuts: Iterable[int]) -> dict[int, str]:
     """sha256 of the JSON array of messages[:k] for each k in cuts (k > 0), and of them all.
 
     One serialization and one pass: a prefix's array is the whole array cut where the tail's
@@ -142,9 +192,10 @@ def _digests(messages: Sequence[Message], cuts: Iterable[int]) -> dict[int, str]
 class SqlSessionStore(SessionStore[Any]):
     """Snapshots in `agent_snapshots`, the messages each one added in `agent_messages`.
 
-    A save is one transaction (all or nothing) and safe across processes: the row is read
-    FOR UPDATE (SQLite: BEGIN IMMEDIATE) and rewritten only if its version is unchanged; a
-    lost insert race or version check rolls back and runs fn again, up to `max_attempts`.
+    A save is all or nothing and safe across processes. An existing row is read FOR UPDATE
+    (SQLite: BEGIN IMMEDIATE) and rewritten only if its version is unchanged; on PostgreSQL a
+    new row, most saves, is one statement. A lost insert race, version check or parent check
+    rolls back and runs fn again, up to `max_attempts`.
     """
 
     def __init__(
@@ -153,6 +204,10 @@ class SqlSessionStore(SessionStore[Any]):
         self._sessions = sessions
         self._default_team = team_id
         self._max_attempts = max_attempts
+        # Rows this store created, by (team, id), as PEEK reads them: the next snapshot of a
+        # conversation finds its parent here, a round trip saved. Taken out when used (so a
+        # retry reads afresh) or rewritten here; CREATE's digest check catches other writers.
+        self._leaves: dict[tuple[str, str], _Peek] = {}
 
     def team(self, context: dict[str, Any] | None) -> str:
         """Explicit context wins, then the `current_team` ContextVar, then the default."""
@@ -198,14 +253,7 @@ class SqlSessionStore(SessionStore[Any]):
         team = self.team(context)
         for attempt in range(self._max_attempts):
             try:
-                async with self._sessions() as s, s.begin():
-                    key = {"team": team, "sid": snapshot_id}
-                    row = (await s.execute(LOCK_ROW, key)).first()
-                    existing = None if row is None else await self._load(s, team, row)
-                    snap = apply_save(existing=existing, snapshot_id=snapshot_id, fn=fn)
-                    if snap is not None:
-                        await self._write(s, team, snap, row)
-                    return snap
+                return await self._save(team, snapshot_id, fn)
             except (_Conflict, DBAPIError) as exc:
                 if not _retryable(exc):
                     raise
@@ -214,6 +262,31 @@ class SqlSessionStore(SessionStore[Any]):
             status="ABORTED",
             message=f"Snapshot {snapshot_id!r}: gave up after {self._max_attempts} conflicts.",
         )
+
+    async def _save(self, team: str, snapshot_id: str, fn: SaveFn) -> SessionSnapshot | None:
+        """Most saves create a row, and a missing row has nothing to lock: on PostgreSQL they
+        read it and write it (one statement) in autocommit, two round trips, no BEGIN or
+        COMMIT. A racing creator's row fails the insert, and the retry finds the row."""
+        async with self._sessions() as s, s.begin():
+            if s.get_bind().dialect.name == "postgresql":
+                await s.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+                key = {"team": team, "sid": snapshot_id}
+                if (await s.execute(GET_ROW, key)).first() is None:
+                    snap = apply_save(existing=None, snapshot_id=snapshot_id, fn=fn)
+                    if snap is not None:
+                        await self._create(s, team, snap)
+                    return snap
+        return await self._save_locked(team, snapshot_id, fn)
+
+    async def _save_locked(self, team: str, snapshot_id: str, fn: SaveFn) -> SessionSnapshot | None:
+        """In one transaction, the row (if any) locked, so fn runs once unless a race is lost."""
+        async with self._sessions() as s, s.begin():
+            row = (await s.execute(LOCK_ROW, {"team": team, "sid": snapshot_id})).first()
+            existing = None if row is None else await self._load(s, team, row)
+            snap = apply_save(existing=existing, snapshot_id=snapshot_id, fn=fn)
+            if snap is not None:
+                await self._write(s, team, snap, row)
+            return snap
 
     async def _load(self, s: AsyncSession, team: str, row: _Row) -> SessionSnapshot:
         meta = dict(row.meta)
@@ -231,25 +304,32 @@ class SqlSessionStore(SessionStore[Any]):
             )
         return [r.data for r in rows]
 
-    async def _write(
-        self, s: AsyncSession, team: str, snap: SessionSnapshot, old: _Row | None
-    ) -> None:
-        """Insert, or compare-and-swap, the row; store only the messages the parent lacks."""
-        key = {"team": team, "sid": snap.snapshot_id}
+    async def _plan(
+        self, s: AsyncSession, team: str, snap: SessionSnapshot, *, locked: bool
+    ) -> _Plan:
+        """The row, and the messages it stores: only those its parent lacks. `locked`: read
+        the parent FOR SHARE; else (for CREATE, which checks its digest) a leaf will do."""
         msgs = snap.state.messages if snap.state is not None else None
         n = len(msgs or [])
         bases: list[tuple[int, str]] = []  # (count, digest) the list may extend, longest first
+        parent: _Peek | None = None
         if msgs and snap.parent_id and snap.parent_id != snap.snapshot_id:
-            parent = (await s.execute(PARENT, {"team": team, "sid": snap.parent_id})).first()
+            if not locked:
+                parent = self._leaves.pop((team, snap.parent_id), None)
+            if parent is None:
+                key = {"team": team, "sid": snap.parent_id}
+                row = (await s.execute(PARENT if locked else PEEK, key)).first()
+                parent = cast(_Peek | None, row)
             if parent is not None and parent[0] is not None:
                 bases.append((parent[0], parent[2]))
                 # A resume rewrites the paused model message (interrupt -> resolvedInterrupt):
                 # the list extends the grandparent's, which the parent inherited whole.
                 if parent[3] is not None and parent[1] == parent[3]:
-                    bases.append((parent[3], parent[4]))
+                    bases.append((parent[3], cast(str, parent[4])))
         bases = [(k, d) for k, d in bases if 0 < k <= n]
         digests = _digests(msgs or [], [k for k, _ in bases])
         inherited = next((k for k, d in bases if digests[k] == d), 0)
+        count = None if msgs is None else n
         values = {
             "session_id": session_id_of(snap),
             "parent_id": snap.parent_id,
@@ -257,15 +337,37 @@ class SqlSessionStore(SessionStore[Any]):
             "meta": snap.model_dump(
                 mode="json", by_alias=True, exclude_none=True, exclude={"state": {"messages"}}
             ),
-            "message_count": None if msgs is None else n,
+            "message_count": count,
             "inherited": inherited,
             "digest": digests[n],
         }
+        proof = parent[2] if parent is not None and inherited else None
+        up = (None, None) if parent is None else (parent[0], parent[2])
+        return _Plan(values, (msgs or [])[inherited:], proof, (count, inherited, digests[n], *up))
+
+    async def _create(self, s: AsyncSession, team: str, snap: SessionSnapshot) -> None:
+        """A new row and its messages in one statement (PostgreSQL, autocommit)."""
+        plan = await self._plan(s, team, snap, locked=False)
+        params = {f"new_{c}": v for c, v in plan.values.items()}
+        params |= {"team": team, "sid": snap.snapshot_id, "parent_digest": plan.proof}
+        if (await s.execute(CREATE, {**params, "tail": _json(plan.tail).decode()})).scalar() != 1:
+            raise _Conflict  # the parent changed since it was read
+        self._leaves[(team, snap.snapshot_id)] = plan.as_parent
+        if len(self._leaves) > _LEAVES:
+            del self._leaves[next(iter(self._leaves))]  # the oldest
+
+    async def _write(
+        self, s: AsyncSession, team: str, snap: SessionSnapshot, old: _Row | None
+    ) -> None:
+        """Insert, or compare-and-swap, the row; store only the messages the parent lacks."""
+        key = {"team": team, "sid": snap.snapshot_id}
+        self._leaves.pop((team, snap.snapshot_id), None)  # a child would read it afresh
+        values, tail, _, _ = await self._plan(s, team, snap, locked=True)
         if old is None:
             await s.execute(sa.insert(S), {"team_id": team, "snapshot_id": key["sid"], **values})
         else:
-            was = (old.message_count, old.inherited, old.digest)
-            same = was == (values["message_count"], inherited, digests[n])
+            stored = (values["message_count"], values["inherited"], values["digest"])
+            same = (old.message_count, old.inherited, old.digest) == stored
             if not same:  # while the children can still read the old messages
                 await self._checkpoint_children(s, team, snap.snapshot_id)
             new = {f"new_{c}": v for c, v in values.items()}
@@ -275,9 +377,8 @@ class SqlSessionStore(SessionStore[Any]):
             if same:
                 return  # status, heartbeat or custom state only: the messages stand
             await s.execute(DELETE_MESSAGES, key)
-        tail = (msgs or [])[inherited:]
         dumped = [m.model_dump(mode="json", by_alias=True, exclude_none=True) for m in tail]
-        await self._insert(s, team, snap.snapshot_id, dumped, inherited)
+        await self._insert(s, team, snap.snapshot_id, dumped, values["inherited"])
 
     @staticmethod
     async def _insert(

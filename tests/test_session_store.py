@@ -34,7 +34,7 @@ from genkit.exp import (
 from genkit.exp.agent import AgentInterrupt
 from genkit.middleware import BaseMiddleware
 from genkit.model import Message, ModelRequest, ModelResponse
-from sqlalchemy import func, select
+from sqlalchemy import delete, event, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from storage import session_store
@@ -600,6 +600,40 @@ async def test_version_check_catches_a_write_between_read_and_write(
     assert got.state.custom == ["first", "theirs", "ours"]
 
 
+async def test_parent_rewritten_elsewhere_is_not_inherited(sql: Backend) -> None:
+    """A store remembers the rows it created, but another process may rewrite one since."""
+    ours, theirs = sql.store, sql.reopen()
+    await ours.save_snapshot("p", snap("p", texts=("a", "b")), context=sql.ctx)
+    await theirs.save_snapshot("p", snap("p", texts=("x", "y")), context=sql.ctx)
+    await ours.save_snapshot("c", snap("c", parent="p", texts=("a", "b", "c")), context=sql.ctx)
+    got = await sql.reopen().get_snapshot(snapshot_id="c", context=sql.ctx)
+    assert [t for _, t in texts(got)] == ["a", "b", "c"]
+
+
+async def test_new_snapshot_statements(team: str) -> None:
+    """PostgreSQL: a new snapshot is the row lookup and one write, plus a read of its parent
+    unless this store created that parent."""
+    engine = make_engine(pg_test_url())
+    ran: list[str] = []
+    event.listen(engine.sync_engine, "before_cursor_execute", lambda *a: ran.append(a[2]))
+    ours, theirs = (SqlSessionStore(make_session_factory(engine)) for _ in range(2))
+    ctx = {"team_id": team}
+    try:
+        await ours.save_snapshot("n1", snap("n1", texts=("a",)), context=ctx)
+        ran.clear()
+        await ours.save_snapshot("n2", snap("n2", parent="n1", texts=("a", "b")), context=ctx)
+        assert len(ran) == 2
+        ran.clear()
+        await theirs.save_snapshot(
+            "n3", snap("n3", parent="n2", texts=("a", "b", "c")), context=ctx
+        )
+        assert len(ran) == 3
+        got = await ours.get_snapshot(snapshot_id="n3", context=ctx)
+    finally:
+        await engine.dispose()
+    assert [t for _, t in texts(got)] == ["a", "b", "c"]
+
+
 async def test_concurrent_sessions_all_land(sql: Backend) -> None:
     s = sql.store
     sids = [f"c{i}" for i in range(20)]
@@ -611,7 +645,7 @@ async def test_concurrent_sessions_all_land(sql: Backend) -> None:
 
 
 class _Exploding(SqlSessionStore):
-    """Fails after its rows are written, before the commit."""
+    """Fails after an existing row's rewrite is written, before the commit."""
 
     async def _write(self, *args: Any) -> None:
         await super()._write(*args)
@@ -630,12 +664,21 @@ async def _rows(b: Backend, snapshot_id: str) -> tuple[int, int]:
 
 
 async def test_failure_half_way_leaves_no_rows(sql: Backend) -> None:
-    bad = _Exploding(make_session_factory(sql.engine()))
-    with pytest.raises(OSError):
-        await bad.save_snapshot("half", snap("half", texts=("a", "b")), context=sql.ctx)
-    assert await _rows(sql, "half") == (0, 0)
+    # A stray message row makes a new snapshot's write fail after its row went in (SQLite:
+    # in its transaction; PostgreSQL: in its one statement), on a store that does not retry.
+    stray = (MessageRow.team_id == sql.team, MessageRow.snapshot_id == "half")
+    async with AsyncSession(sql.engine()) as s, s.begin():
+        s.add(MessageRow(team_id=sql.team, snapshot_id="half", position=1, data={}))
+    once = SqlSessionStore(make_session_factory(sql.engine()), max_attempts=1)
+    with pytest.raises(GenkitError) as err:
+        await once.save_snapshot("half", snap("half", texts=("a", "b")), context=sql.ctx)
+    assert err.value.status == "ABORTED"
+    assert await _rows(sql, "half") == (0, 1)
+    async with AsyncSession(sql.engine()) as s, s.begin():
+        await s.execute(delete(MessageRow).where(*stray))
 
     await sql.store.save_snapshot("half", snap("half", texts=("a", "b")), context=sql.ctx)
+    bad = _Exploding(make_session_factory(sql.engine()))
     with pytest.raises(OSError):
         await bad.save_snapshot("half", snap("half", texts=("x", "y", "z")), context=sql.ctx)
     assert await _rows(sql, "half") == (1, 2)
