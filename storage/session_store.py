@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from typing import Any, NamedTuple, cast
 
@@ -35,7 +35,7 @@ from pydantic import TypeAdapter
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from storage.db import SessionFactory
+from storage.db import SessionFactory, autocommit
 from storage.models import MessageRow, SnapshotRow
 
 current_team: ContextVar[str | None] = ContextVar("greenlight_current_team", default=None)
@@ -91,12 +91,20 @@ _cte = _cte.union(
     .join(_cte, sa.and_(_up.c.team_id == _cte.c.team_id, _up.c.snapshot_id == _cte.c.parent_id))
     .where(_cte.c.lo > 0)
 )
-MESSAGES = (
+_messages = (
     sa.select(M.c.position, M.c.data)
     .join(_cte, sa.and_(M.c.team_id == _cte.c.team_id, M.c.snapshot_id == _cte.c.snapshot_id))
     .where(M.c.position >= _cte.c.lo, M.c.position < _cte.c.hi)
-    .order_by(M.c.position)
 )
+MESSAGES = _messages.order_by(M.c.position)
+# A snapshot whole in one statement, so from one state of the data with no transaction
+# around it: its row first (position -1, `data` its meta), then its messages in order.
+LOAD = sa.union_all(
+    sa.select(sa.literal(-1).label("position"), S.c.meta.label("data"), S.c.message_count).where(
+        _KEY
+    ),
+    _messages.add_columns(sa.null()),
+).order_by("position")
 _VALUES = ["session_id", "parent_id", "created_at", "meta", "message_count", "inherited", "digest"]
 _new = {c: sa.bindparam(f"new_{c}", type_=S.c[c].type) for c in _VALUES}
 # PostgreSQL only: a new row and its messages in one statement, atomic without a transaction.
@@ -189,6 +197,27 @@ def _digests(messages: list[Message], cuts: Iterable[int]) -> dict[int, str]:
     return out
 
 
+def _checked(snapshot_id: str, count: int, rows: Sequence[Any]) -> list[dict[str, Any]]:
+    """The messages of (position, data) rows, if they are exactly positions 0..count-1."""
+    if [r.position for r in rows] != list(range(count)):
+        raise GenkitError(
+            status="DATA_LOSS",
+            message=f"Snapshot {snapshot_id!r}: its stored message chain is incomplete.",
+        )
+    return [r.data for r in rows]
+
+
+def _assemble(
+    snapshot_id: str, meta: dict[str, Any], count: int | None, rows: Sequence[Any]
+) -> SessionSnapshot:
+    """Genkit's snapshot from its stored row and messages (None count: no message list)."""
+    whole = dict(meta)
+    if count is not None:
+        messages = _checked(snapshot_id, count, rows)
+        whole["state"] = {**whole.get("state", {}), "messages": messages}
+    return SessionSnapshot.model_validate(whole)
+
+
 class SqlSessionStore(SessionStore[Any]):
     """Snapshots in `agent_snapshots`, the messages each one added in `agent_messages`.
 
@@ -223,14 +252,12 @@ class SqlSessionStore(SessionStore[Any]):
         session_id: str | None = None,
         context: dict[str, Any] | None = None,
     ) -> SessionSnapshot | None:
-        """By id, or the session's newest leaf (Genkit's own pick), in at most 3 queries."""
+        """By id (one query), or the session's newest leaf (Genkit's own pick; two)."""
         require_one_selector(snapshot_id=snapshot_id, session_id=session_id)
         if snapshot_id is not None:
             assert_safe_snapshot_id(snapshot_id=snapshot_id)  # as FileSessionStore does
         team = self.team(context)
-        async with self._sessions() as s, s.begin():
-            if s.get_bind().dialect.name == "postgresql":  # row and messages from one snapshot
-                await s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        async with autocommit(self._sessions) as s:  # single statements: no BEGIN, no COMMIT
             if snapshot_id is None:
                 params = {"team": team, "session": session_id}
                 rows = (await s.execute(LIGHT, params)).all()
@@ -240,10 +267,13 @@ class SqlSessionStore(SessionStore[Any]):
                 sid = cast(str, session_id)
                 leaf = select_leaf(snapshots=stubs, session_id=sid, reject_ambiguous=False)
                 if leaf is None:
-                    return None
+                    return None  # a new chat's lookup ends here
                 snapshot_id = leaf.snapshot_id
-            row = (await s.execute(GET_ROW, {"team": team, "sid": snapshot_id})).first()
-            return None if row is None else await self._load(s, team, row)
+            rows = (await s.execute(LOAD, {"team": team, "sid": snapshot_id})).all()
+        if not rows:
+            return None
+        head, body = rows[0], rows[1:]
+        return _assemble(snapshot_id, head.data, head.message_count, body)
 
     async def save_snapshot(
         self, snapshot_id: str, fn: SaveFn, *, context: dict[str, Any] | None = None
@@ -289,20 +319,14 @@ class SqlSessionStore(SessionStore[Any]):
             return snap
 
     async def _load(self, s: AsyncSession, team: str, row: _Row) -> SessionSnapshot:
-        meta = dict(row.meta)
+        rows: Sequence[Any] = ()
         if row.message_count is not None:
-            messages = await self._messages(s, team, row)
-            meta["state"] = {**meta.get("state", {}), "messages": messages}
-        return SessionSnapshot.model_validate(meta)
+            rows = (await s.execute(MESSAGES, {"team": team, "sid": row.snapshot_id})).all()
+        return _assemble(row.snapshot_id, row.meta, row.message_count, rows)
 
     async def _messages(self, s: AsyncSession, team: str, row: _Row) -> list[dict[str, Any]]:
         rows = (await s.execute(MESSAGES, {"team": team, "sid": row.snapshot_id})).all()
-        if [r.position for r in rows] != list(range(row.message_count)):
-            raise GenkitError(
-                status="DATA_LOSS",
-                message=f"Snapshot {row.snapshot_id!r}: its stored message chain is incomplete.",
-            )
-        return [r.data for r in rows]
+        return _checked(row.snapshot_id, row.message_count, rows)
 
     async def _plan(
         self, s: AsyncSession, team: str, snap: SessionSnapshot, *, locked: bool
