@@ -195,7 +195,7 @@ class Workflow:
             return Failed(thread)
         if out.finish_reason == AgentFinishReason.INTERRUPTED:
             policies = await self._interrupt_policies(scope, out)
-            async with self._sessions.begin() as db:
+            async with autocommit(self._sessions) as db:  # pausing is one statement
                 # The thread stays taken: its open turn keeps later messages out until the
                 # resume finishes it and releases the thread.
                 infos = await self._pause(db, conv.id, thread, requester, out, policies)
@@ -443,10 +443,8 @@ class Workflow:
                 card_channel=policy.channel,
             )
             rows.append(row)
-        await approvals.add_paused_turn(db, turn, rows)
-        for row in rows:
-            await audit.record(
-                db,
+        requested = [
+            audit.entry(
                 team_id=thread.team_id,
                 at=now,
                 actor=requester,
@@ -456,6 +454,9 @@ class Workflow:
                 input=row.input,
                 why=row.why,
             )
+            for row in rows
+        ]
+        await approvals.add_paused_turn(db, turn, rows, requested)
         return tuple([self._info(r, thread) for r in rows])
 
     async def _interrupt_policies(

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from storage import audit
 from storage.models import (
     Approval,
     ApprovalStatus,
@@ -268,10 +269,23 @@ async def turn_approvals(db: AsyncSession, turn_id: str) -> list[Approval]:
     return _all(Approval, (await db.execute(TURN_APPROVALS, {"turn_id": turn_id})).all())
 
 
-async def add_paused_turn(db: AsyncSession, turn: Turn, rows: Sequence[Approval]) -> None:
-    """Insert a turn stopped on interrupts and one approval per interrupt."""
-    await db.execute(sa.insert(T), [_values(T, turn)])
-    await db.execute(sa.insert(A), [_values(A, row) for row in rows])
+async def add_paused_turn(
+    db: AsyncSession, turn: Turn, rows: Sequence[Approval], events: Sequence[dict[str, Any]]
+) -> None:
+    """Insert a turn stopped on interrupts, one approval per interrupt, and audit `events`.
+
+    On PostgreSQL one statement (data-modifying CTEs): atomic on its own, one round trip on
+    the way to the card. Elsewhere three inserts, atomic in the caller's transaction.
+    """
+    turn_row, approval_rows = [_values(T, turn)], [_values(A, row) for row in rows]
+    if db.get_bind().dialect.name == "postgresql":
+        paused = sa.insert(T).values(turn_row).cte("paused")
+        asked = sa.insert(A).values(approval_rows).cte("asked")
+        await db.execute(audit.INSERT.values(list(events)).add_cte(paused, asked))
+    else:
+        await db.execute(sa.insert(T), turn_row)
+        await db.execute(sa.insert(A), approval_rows)
+        await db.execute(audit.INSERT, list(events))
 
 
 def _values(table: sa.Table, obj: Base) -> dict[str, Any]:

@@ -15,8 +15,7 @@ from storage.models import AuditEvent
 INSERT = sa.insert(cast(sa.Table, AuditEvent.__table__))
 
 
-async def record(
-    db: AsyncSession,
+def entry(
     *,
     team_id: str,
     at: datetime,
@@ -25,10 +24,15 @@ async def record(
     tool: str | None = None,
     approval_id: str | None = None,
     **detail: Any,
-) -> None:
-    """Append one event in the caller's transaction (a prebuilt Core insert: no ORM flush)."""
+) -> dict[str, Any]:
+    """One event as a row, for `record` or for a caller inserting it with other rows."""
     event = {"team_id": team_id, "at": at, "actor": actor, "action": action}
-    await db.execute(INSERT, {**event, "tool": tool, "approval_id": approval_id, "detail": detail})
+    return {**event, "tool": tool, "approval_id": approval_id, "detail": detail}
+
+
+async def record(db: AsyncSession, **event: Any) -> None:
+    """Append one event (see `entry`) in the caller's transaction: a prebuilt Core insert."""
+    await db.execute(INSERT, entry(**event))
 
 
 async def recent(
