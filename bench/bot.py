@@ -387,32 +387,14 @@ class ServiceProcess:
         assert self.proc is not None
         return self.proc.pid
 
-    def pids(self) -> list[int]:
-        """The service and its direct children (the workers, with WORKERS > 1)."""
-        found = [self.pid]
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError, IndexError):
-                    stat = (entry / "stat").read_text()
-                    if int(stat.rsplit(")", 1)[1].split()[1]) == self.pid:
-                        found.append(int(entry.name))
-        return found
-
     def cpu(self) -> float:
-        return sum(self._stat(pid)[11] + self._stat(pid)[12] for pid in self.pids()) / TICK
+        _, own, _ = _proc_cpu(Path(f"/proc/{self.pid}/stat").read_text())
+        return own / TICK
 
     def sys_cpu(self) -> float:
         """Kernel-mode CPU seconds (stime) alone: syscalls, loopback TCP."""
-        return sum(self._stat(pid)[12] for pid in self.pids()) / TICK
-
-    @staticmethod
-    def _stat(pid: int) -> list[float]:
-        """/proc/<pid>/stat's fields after the command name; zeros for a process gone."""
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return [0.0] * 20
-        return [float(f) if f.lstrip("-").isdigit() else 0.0 for f in fields[:20]]
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return float(fields[12]) / TICK
 
     def rss_mb(self) -> float | None:
         with contextlib.suppress(OSError):
@@ -668,7 +650,7 @@ class Driver:
         self.slack.messages.clear()
         sql0 = await self.service.sql_stats()
         gem0 = self.gemini.generated
-        db = "DATABASE_URL" in self.service.env  # the baseline has no database
+        db = self.service.stats_file is not None  # the baseline has no database
         cpu0, pg0, own0 = self.service.cpu(), postgres_cpu() if db else None, time.process_time()
         sys0 = self.service.sys_cpu()
         t0 = time.perf_counter()
@@ -988,18 +970,15 @@ async def bench_target(
     run_id = uuid.uuid4().hex[:8]
     with tempfile.TemporaryDirectory(dir=_scratch()) as tmp:
         ledger = Path(tmp) / "ledger.jsonl"
-        # SQL counters come from one process: none with WORKERS > 1 (CPU is still read).
-        single = int(SERVICE_ENV.get("WORKERS", "1")) == 1
-        stats_file = Path(tmp) / "sql-stats.json" if database_url and single else None
+        stats_file = Path(tmp) / "sql-stats.json" if database_url else None
         extra = {"GREENLIGHT_TEST_LEDGER": str(ledger)}
         if database_url is not None:
             extra |= {
                 "DATABASE_URL": database_url,
                 "MIGRATE_ON_START": "false",
                 "RECOVERY_INTERVAL_SECONDS": "3600",
+                "BENCH_STATS_FILE": str(stats_file),
             }
-        if stats_file is not None:
-            extra["BENCH_STATS_FILE"] = str(stats_file)
         if profile == "cprofile":
             CPROFILE_OUT.unlink(missing_ok=True)
             extra["BENCH_CPROFILE"] = str(CPROFILE_OUT)

@@ -41,7 +41,6 @@ from sqlalchemy.pool import Pool
 from bot.__main__ import settings_or_exit
 from bot.server import serve as bot_serve
 from bot.settings import Settings
-from bot.workers import supervise
 
 
 class SqlStats:
@@ -180,8 +179,6 @@ async def serve(settings: Settings, stats: SqlStats) -> None:
 
 def main() -> int:
     settings = settings_or_exit()
-    if settings.WORKERS > 1:  # plain workers: CPU is read per process, no SQL counters
-        return supervise(settings, host="127.0.0.1")
     stats = SqlStats()
     stats.install()
     if os.environ.get("BENCH_UVLOOP") == "1":

@@ -33,14 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings = settings_or_exit()
     from bot.server import serve
-    from bot.workers import WORKER, supervise
 
-    if args[1:2] == [WORKER] and len(args) == 4:  # started by supervise()
-        asyncio.run(serve(settings, worker=(int(args[2]), int(args[3]))))
-    elif settings.WORKERS > 1:
-        return supervise(settings)
-    else:
-        asyncio.run(serve(settings))
+    asyncio.run(serve(settings))
     return 0
 
 

@@ -7,7 +7,6 @@ import contextlib
 import gc
 import logging
 import signal
-import socket
 from datetime import timedelta
 
 from aiohttp import web
@@ -70,20 +69,13 @@ def signed_only(signing_secret: str) -> Middleware:
 class Service:
     """Everything `python -m bot` runs, with start/stop so tests run the very same thing."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        host: str = "0.0.0.0",  # noqa: S104
-        sock: socket.socket | None = None,
-    ) -> None:
+    def __init__(self, settings: Settings, *, host: str = "0.0.0.0") -> None:  # noqa: S104
         # Checked here too, not only by the CLI: without a signing secret Bolt would take
         # unsigned HTTP requests as Slack's.
         if problems := settings.serving_problems():
             raise ConfigError(problems)
         self.settings = settings
         self.host = host
-        self.sock = sock  # a worker's listening socket, shared with its siblings
         self.port: int | None = None
         self._engine = make_engine(settings.DATABASE_URL)
         self._runner: web.AppRunner | None = None
@@ -137,11 +129,7 @@ class Service:
         web_app.router.add_get("/healthz", self._healthz)
         self._runner = web.AppRunner(web_app, access_log=None)
         await self._runner.setup()
-        site = (
-            web.TCPSite(self._runner, host=self.host, port=s.PORT)
-            if self.sock is None
-            else web.SockSite(self._runner, self.sock)
-        )
+        site = web.TCPSite(self._runner, host=self.host, port=s.PORT)
         await site.start()
         self.port = self._runner.addresses[0][1]
         if s.SLACK_APP_TOKEN is not None:
@@ -205,28 +193,13 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-async def serve(
-    settings: Settings,
-    *,
-    host: str = "0.0.0.0",  # noqa: S104
-    worker: tuple[int, int] | None = None,
-) -> None:
-    """Run until SIGTERM or SIGINT; a worker (listening fd, supervisor-alive fd, from
-    bot/workers.py) also stops when its supervisor is gone."""
-    sock = None if worker is None else socket.socket(fileno=worker[0])
-    service = Service(settings, host=host, sock=sock)
+async def serve(settings: Settings, *, host: str = "0.0.0.0") -> None:  # noqa: S104
+    """Run until SIGTERM or SIGINT."""
+    service = Service(settings, host=host)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if worker is not None:
-
-        def orphaned() -> None:  # the supervisor's end of the pipe closed: it is gone
-            loop.remove_reader(worker[1])
-            log.warning("the supervisor is gone; stopping")
-            stop.set()
-
-        loop.add_reader(worker[1], orphaned)
     await service.start()
     freeze_heap()
     try:

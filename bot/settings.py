@@ -36,7 +36,6 @@ class Settings(BaseSettings):
     SLACK_APP_TOKEN: SecretStr | None = None
     SLACK_API_URL: str | None = None
     PORT: int = Field(default=3000, ge=0, le=65535)  # 0: any free port (tests)
-    WORKERS: int = Field(default=1, ge=1, le=64)  # processes sharing PORT (bot/workers.py)
 
     DATABASE_URL: str = DEFAULT_DATABASE_URL
     MIGRATE_ON_START: bool = True

@@ -13,7 +13,6 @@ import hashlib
 import hmac
 import json
 import os
-import re
 import signal
 import socket
 import sys
@@ -290,12 +289,7 @@ class BotProcess:
 
 @contextlib.asynccontextmanager
 async def bot_process(
-    name: str,
-    fake_slack: FakeSlack,
-    gemini: FakeGemini,
-    database: str,
-    tmp: Path,
-    **extra_env: str,
+    name: str, fake_slack: FakeSlack, gemini: FakeGemini, database: str, tmp: Path
 ) -> AsyncIterator[BotProcess]:
     port = free_port()
     env = dict(os.environ)
@@ -314,7 +308,6 @@ async def bot_process(
         RECOVERY_INTERVAL_SECONDS="0.5",
         GREENLIGHT_TEST_LEDGER=str(ledger_tools.ledger_path()),
         PYTHONPATH=str(REPO),
-        **extra_env,
     )
     log = tmp / f"bot-{name}.log"
     with log.open("wb") as out:
@@ -426,64 +419,6 @@ async def test_a_bot_killed_after_the_tool_ran_resumes_once_in_the_next_process(
         assert "recovery sweep resumed 1 turn" in log and "Traceback" not in log, log
     finally:
         await engine.dispose()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-async def started_workers(bot: BotProcess, count: int) -> list[int]:
-    """The worker pids the supervisor logged, once `count` workers say they are up."""
-    await poll(lambda: bot.output().count("Greenlight is up") == count, "every worker up")
-    found = re.search(r"supervising \d+ workers \(pids ([\d, ]+)\)", bot.output())
-    assert found is not None, bot.output()
-    return [int(pid) for pid in found.group(1).split(", ")]
-
-
-async def test_workers_share_the_port_and_stop_with_their_supervisor(
-    fake_slack: FakeSlack,
-    gemini: FakeGemini,
-    team: str,
-    ledger: Path,
-    bot_database: str,
-    tmp_path: Path,
-) -> None:
-    gemini.script(*[text(f"answer {i}") for i in range(6)])
-    async with (
-        aiohttp.ClientSession() as http,
-        bot_process("workers", fake_slack, gemini, bot_database, tmp_path, WORKERS="2") as bot,
-    ):
-        await bot.wait_healthy(http)
-        workers = await started_workers(bot, 2)
-        assert len(workers) == 2 and all(map(alive, workers))
-        # New connections each: the kernel hands them to either worker; all are answered.
-        for i in range(6):
-            ts = new_ts()
-            dm = sp.message_im_event(team, REQUESTER, DM, f"question {i}", ts)
-            async with aiohttp.ClientSession() as fresh:
-                assert (await sp.post_signed(fresh, bot.url, SECRET, *dm))[0] == 200
-            await fake_slack.wait_for("chat.update", predicate=in_channel(DM), count=i + 1)
-        # SIGKILL leaves the supervisor no time to pass anything on: the workers notice alone.
-        assert await bot.stop(signal.SIGKILL) == -signal.SIGKILL
-        await poll(lambda: not any(map(alive, workers)), "the workers' exit")
-    assert "Traceback" not in bot.output(), bot.output()
-
-
-async def test_sigterm_stops_every_worker_and_the_supervisor_cleanly(
-    fake_slack: FakeSlack, gemini: FakeGemini, ledger: Path, bot_database: str, tmp_path: Path
-) -> None:
-    async with (
-        aiohttp.ClientSession() as http,
-        bot_process("stop", fake_slack, gemini, bot_database, tmp_path, WORKERS="2") as bot,
-    ):
-        await bot.wait_healthy(http)
-        workers = await started_workers(bot, 2)
-        assert await bot.stop(signal.SIGTERM) == 0, bot.output()
-        assert not any(map(alive, workers))
 
 
 # -- 4. Fuzzed payloads, correctly signed ----------------------------------------------------
