@@ -18,22 +18,31 @@ log = logging.getLogger(__name__)
 
 
 class Background:
-    """Work that runs after Slack's acknowledgement, tracked so shutdown can let it finish."""
+    """Work that runs after Slack's acknowledgement, tracked so shutdown can let it finish.
 
-    def __init__(self) -> None:
+    At most `limit` pieces run at once; the rest wait their turn in order. Under a burst,
+    hundreds of half-run turns would otherwise share the loop: each would finish later, and
+    their live state would make every garbage collection (which stops the loop, and with it
+    Slack's acknowledgements) longer. The database pool would make most of them wait anyway.
+    """
+
+    def __init__(self, limit: int = 16) -> None:
         self._tasks: set[asyncio.Task[None]] = set()
+        self._running = asyncio.Semaphore(limit)
 
     def spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
         task = asyncio.create_task(self._guard(coro, name), name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    @staticmethod
-    async def _guard(coro: Coroutine[Any, Any, None], name: str) -> None:
+    async def _guard(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         try:
-            await coro
+            async with self._running:
+                await coro
         except Exception:
             log.exception("background work %s failed", name)
+        finally:
+            coro.close()  # cut off before it began (shutdown): closed, not left un-awaited
 
     async def drain(self, grace: float) -> int:
         """Wait for in-flight work; returns how many were cut off (their state is resumable)."""

@@ -30,7 +30,7 @@ from storage.migrate import upgrade
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_GRACE = 25.0  # seconds for in-flight turns; what is cut off stays resumable
+SHUTDOWN_GRACE = 25.0  # seconds for in-flight work before it is cut off
 SLACK_PATH = "/slack/events"
 
 
@@ -151,7 +151,11 @@ class Service:
         if self.deps is not None:
             cut = await self.deps.background.drain(SHUTDOWN_GRACE)
             if cut:
-                log.warning("%d turns were cut off by shutdown; the sweep resumes them", cut)
+                log.warning(
+                    "shutdown cut off %d turns: the recovery sweep finishes approved ones; "
+                    "a message cut off before its answer gets none",
+                    cut,
+                )
         if self.app is not None and self.app.client.session is not None:
             await self.app.client.session.close()  # after the turns: they post to Slack
         await self._engine.dispose()
