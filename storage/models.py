@@ -84,7 +84,9 @@ class SnapshotRow(Base):
     digest: Mapped[str] = mapped_column(String(64))
     version: Mapped[int] = mapped_column(Integer, default=1)
 
-    __table_args__ = (Index("ix_agent_snapshots_session", "team_id", "session_id", "created_at"),)
+    # Session first: with team_id leading, PostgreSQL without statistics yet (a new table)
+    # took this index for primary-key lookups and filtered every row of the team.
+    __table_args__ = (Index("ix_agent_snapshots_session", "session_id", "team_id", "created_at"),)
 
 
 class MessageRow(Base):
