@@ -45,7 +45,7 @@ class Background:
             coro.close()  # cut off before it began (shutdown): closed, not left un-awaited
 
     async def drain(self, grace: float) -> int:
-        """Wait for in-flight work; returns how many were cut off (their state is resumable)."""
+        """Wait for in-flight and waiting work; returns how many pieces were cut off."""
         if not self._tasks:
             return 0
         _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
