@@ -103,13 +103,15 @@ def approval_middleware(
             else:
                 await audit.record(
                     db,
-                    team_id=scope.team_id,
-                    at=clock(),
-                    actor=started.decided_by or "",
-                    action="execution_started",
-                    tool=tool,
-                    approval_id=approval_id,
-                    input=started.input,
+                    audit.entry(
+                        team_id=scope.team_id,
+                        at=clock(),
+                        actor=started.decided_by or "",
+                        action="execution_started",
+                        tool=tool,
+                        approval_id=approval_id,
+                        input=started.input,
+                    ),
                 )
         if started is None:
             row = found.approval if found is not None else None
@@ -137,13 +139,15 @@ def approval_middleware(
             await approvals.finish_execution(db, approval_id, output=output)
             await audit.record(
                 db,
-                team_id=scope.team_id,
-                at=clock(),
-                actor="greenlight",
-                action="executed",
-                tool=tool,
-                approval_id=approval_id,
-                output=output,
+                audit.entry(
+                    team_id=scope.team_id,
+                    at=clock(),
+                    actor="greenlight",
+                    action="executed",
+                    tool=tool,
+                    approval_id=approval_id,
+                    output=output,
+                ),
             )
         return result
 

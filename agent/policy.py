@@ -129,12 +129,14 @@ class PolicyService:
             row = await policies.update_policy(db, team_id, tool, by=by, now=now, **changes)
             await audit.record(
                 db,
-                team_id=team_id,
-                at=now,
-                actor=by,
-                action="policy_changed",
-                tool=tool,
-                changes={k: _jsonable(v) for k, v in changes.items()},
+                audit.entry(
+                    team_id=team_id,
+                    at=now,
+                    actor=by,
+                    action="policy_changed",
+                    tool=tool,
+                    changes={k: _jsonable(v) for k, v in changes.items()},
+                ),
             )
             return _from_row(tool, row, self._defaults)
 

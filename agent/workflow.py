@@ -298,14 +298,16 @@ class Workflow:
                 raise DecisionRefused("already_decided", self._located(found) if found else info)
             await audit.record(
                 db,
-                team_id=team_id,
-                at=now,
-                actor=approver,
-                action=status.value,
-                tool=info.tool,
-                approval_id=approval_id,
-                input=info.input,
-                reason=reason,
+                audit.entry(
+                    team_id=team_id,
+                    at=now,
+                    actor=approver,
+                    action=status.value,
+                    tool=info.tool,
+                    approval_id=approval_id,
+                    input=info.input,
+                    reason=reason,
+                ),
             )
         return Decided(self._info(won.approval, info.thread), info.turn_id, won.others_pending == 0)
 
@@ -339,13 +341,15 @@ class Workflow:
             if done is not None:
                 await audit.record(
                     db,
-                    team_id=row.team_id,
-                    at=now,
-                    actor="greenlight",
-                    action="expired",
-                    tool=row.tool,
-                    approval_id=row.id,
-                    input=row.input,
+                    audit.entry(
+                        team_id=row.team_id,
+                        at=now,
+                        actor="greenlight",
+                        action="expired",
+                        tool=row.tool,
+                        approval_id=row.id,
+                        input=row.input,
+                    ),
                 )
                 expired.append(await self._info_of(db, done.approval))
         return expired

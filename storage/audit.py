@@ -30,9 +30,9 @@ def entry(
     return {**event, "tool": tool, "approval_id": approval_id, "detail": detail}
 
 
-async def record(db: AsyncSession, **event: Any) -> None:
-    """Append one event (see `entry`) in the caller's transaction: a prebuilt Core insert."""
-    await db.execute(INSERT, entry(**event))
+async def record(db: AsyncSession, event: dict[str, Any]) -> None:
+    """Append one `entry` in the caller's transaction: a prebuilt Core insert."""
+    await db.execute(INSERT, event)
 
 
 async def recent(
