@@ -26,7 +26,7 @@ class Background:
     Slack's acknowledgements) longer. The database pool would make most of them wait anyway.
     """
 
-    def __init__(self, limit: int = 16) -> None:
+    def __init__(self, limit: int = 32) -> None:
         self._tasks: set[asyncio.Task[None]] = set()
         self._running = asyncio.Semaphore(limit)
 

@@ -21,7 +21,7 @@ from agent.policy import PolicyDefaults
 from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig
 from bot.app import build_app
 from bot.delivery import Delivery
-from bot.deps import Deps
+from bot.deps import Background, Deps
 from bot.people import People
 from bot.settings import ConfigError, Settings
 from storage import events
@@ -113,6 +113,7 @@ class Service:
             delivery=Delivery(workflow, clock=utc_now),
             people=People(admin_users=s.ADMIN_USERS, clock=utc_now),
             clock=utc_now,
+            background=Background(limit=s.MAX_CONCURRENT_TURNS),
         )
         assert s.SLACK_BOT_TOKEN is not None
         signing = s.SLACK_SIGNING_SECRET.get_secret_value() if s.SLACK_SIGNING_SECRET else None

@@ -49,7 +49,11 @@ def register(app: AsyncApp, deps: Deps) -> None:
         text = re.sub(rf"{re.escape(bot_mention)}\s*", "", text).strip()
         client = context.client
         assert client is not None
-        deps.background.spawn(run_turn(deps, client, thread, event["user"], text), name="turn")
+        # Progress shows at once, also when the turn must wait for a free slot.
+        thinking = blocks.thinking_message()
+        posting = asyncio.create_task(deps.delivery.say(client, thread, thinking)) if text else None
+        turn = run_turn(deps, client, thread, event["user"], text, posting)
+        deps.background.spawn(turn, name="turn")
 
     @app.event("app_mention")
     async def on_mention(body: dict[str, Any], context: AsyncBoltContext) -> None:
@@ -61,17 +65,21 @@ def register(app: AsyncApp, deps: Deps) -> None:
 
 
 async def run_turn(
-    deps: Deps, client: AsyncWebClient, thread: Thread, user: str, text: str
+    deps: Deps,
+    client: AsyncWebClient,
+    thread: Thread,
+    user: str,
+    text: str,
+    posting: asyncio.Task[str | None] | None,
 ) -> None:
-    """Show progress at once, stream the reply into it, then the outcome.
+    """Stream the reply into the placeholder being posted (`posting`), then the outcome.
 
-    The placeholder is posted while the turn starts, not before: the model's first answer
-    (often an approval card) need not wait for Slack's round trip.
+    The turn does not wait for the placeholder: the model's first answer (often an approval
+    card) need not wait for Slack's round trip. No text, no turn: a greeting.
     """
-    if not text:
+    if posting is None:
         await deps.delivery.say(client, thread, blocks.reply_message(HELLO))
         return
-    posting = asyncio.create_task(deps.delivery.say(client, thread, blocks.thinking_message()))
     deps.delivery.warm_link(client, thread)  # the card names the thread, if there is a card
     last = time.monotonic()
 

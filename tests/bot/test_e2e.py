@@ -33,6 +33,7 @@ from tests.bot.conftest import (
     button_value,
     in_channel,
     new_ts,
+    poll,
     settle,
 )
 from tests.fakes import slack_payloads as sp
@@ -456,6 +457,31 @@ async def test_ack_is_immediate_while_the_model_is_slow(
         "chat.update", predicate=lambda c: text_of(c) == "Finally.", timeout=15
     )
     assert reply.args["channel"] == DM
+
+
+async def test_a_turn_waiting_for_a_free_slot_shows_progress_at_once(
+    fake_slack: FakeSlack, gemini: FakeGemini, ledger: Path, bot_database: str, team: str
+) -> None:
+    settings = bot_settings(fake_slack, gemini, DATABASE_URL=bot_database, MAX_CONCURRENT_TURNS=1)
+    svc = Service(settings, host="127.0.0.1")
+    await svc.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            client = SlackClient(http, svc, fake_slack)
+            gemini.script(text("first", delay=3), text("second"))
+            first, second = new_ts(), new_ts()
+            assert (await client.dm(team, REQUESTER, "one", ts=first))[0] == 200
+            await poll(lambda: len(gemini.generate_requests()) == 1, "the first model call")
+            assert (await client.dm(team, REQUESTER, "two", ts=second))[0] == 200
+            # The second thread shows progress while its turn waits for the only slot.
+            await fake_slack.wait_for("chat.postMessage", predicate=in_channel(DM, second))
+            assert len(gemini.generate_requests()) == 1
+            assert not fake_slack.calls_to("chat.update")  # the first is still thinking
+            await fake_slack.wait_for("chat.update", predicate=lambda c: text_of(c) == "second")
+            answers = [text_of(c) for c in fake_slack.calls_to("chat.update")]
+            assert answers.index("first") < answers.index("second")  # in order, one at a time
+    finally:
+        await svc.stop()
 
 
 async def test_healthz(client: SlackClient) -> None:

@@ -18,7 +18,7 @@ import socket
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
@@ -55,6 +55,7 @@ from tests.bot.conftest import (
     button_value,
     in_channel,
     new_ts,
+    poll,
     settle,
 )
 from tests.bot.test_e2e import (
@@ -328,14 +329,6 @@ async def bot_process(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-
-
-async def poll(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:  # noqa: ASYNC109
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout}s")
-        await asyncio.sleep(0.05)
 
 
 async def test_a_bot_killed_after_the_tool_ran_resumes_once_in_the_next_process(
