@@ -30,6 +30,10 @@ class Background:
         self._tasks: set[asyncio.Task[None]] = set()
         self._running = asyncio.Semaphore(limit)
 
+    def has_room(self) -> bool:
+        """Whether work spawned now would start at once."""
+        return not self._running.locked()
+
     def spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
         task = asyncio.create_task(self._guard(coro, name), name=name)
         self._tasks.add(task)

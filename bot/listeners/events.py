@@ -49,9 +49,12 @@ def register(app: AsyncApp, deps: Deps) -> None:
         text = re.sub(rf"{re.escape(bot_mention)}\s*", "", text).strip()
         client = context.client
         assert client is not None
-        # Progress shows at once, also when the turn must wait for a free slot.
-        thinking = blocks.thinking_message()
-        posting = asyncio.create_task(deps.delivery.say(client, thread, thinking)) if text else None
+        # A turn that must wait for a free slot shows progress now; one that starts at once
+        # posts it itself, after its first query is on its way.
+        posting = None
+        if text and not deps.background.has_room():
+            thinking = blocks.thinking_message()
+            posting = asyncio.create_task(deps.delivery.say(client, thread, thinking))
         turn = run_turn(deps, client, thread, event["user"], text, posting)
         deps.background.spawn(turn, name="turn")
 
@@ -70,16 +73,19 @@ async def run_turn(
     thread: Thread,
     user: str,
     text: str,
-    posting: asyncio.Task[str | None] | None,
+    posting: asyncio.Task[str | None] | None = None,
 ) -> None:
-    """Stream the reply into the placeholder being posted (`posting`), then the outcome.
+    """Show progress (unless `posting` already does), stream the reply into it, then the
+    outcome.
 
     The turn does not wait for the placeholder: the model's first answer (often an approval
     card) need not wait for Slack's round trip. No text, no turn: a greeting.
     """
-    if posting is None:
+    if not text:
         await deps.delivery.say(client, thread, blocks.reply_message(HELLO))
         return
+    if posting is None:
+        posting = asyncio.create_task(deps.delivery.say(client, thread, blocks.thinking_message()))
     deps.delivery.warm_link(client, thread)  # the card names the thread, if there is a card
     last = time.monotonic()
 

@@ -24,9 +24,11 @@ async def test_at_most_limit_pieces_run_at_once_and_the_rest_wait_in_order() -> 
         await release.wait()
         running.remove(i)
 
+    assert background.has_room()
     for i in range(10):
         background.spawn(work(i), name=f"work {i}")
     await asyncio.wait_for(three_started.wait(), timeout=5)
+    assert not background.has_room()
     for _ in range(20):  # every chance for a fourth to start, were it allowed to
         await asyncio.sleep(0)
     assert started == [0, 1, 2]
