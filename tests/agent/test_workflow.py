@@ -208,6 +208,18 @@ async def test_a_waiting_thread_reports_busy_and_runs_nothing(h: Harness) -> Non
     assert len(h.model.requests) == 1
 
 
+async def test_racing_first_messages_in_a_new_thread_run_one_turn(h: Harness) -> None:
+    """Messages (or replicas) racing to open a new thread: one turn runs, the rest are Busy."""
+    h.model.script(text("only once"))
+    thread = h.thread()
+    outcomes = await asyncio.gather(
+        *(h.workflow.start_turn(thread, "U_EMP", "hi") for _ in range(8))
+    )
+    assert sorted(type(o).__name__ for o in outcomes) == ["Busy"] * 7 + ["Reply"]
+    assert len(h.model.requests) == 1
+    assert await h.workflow.knows(thread)
+
+
 async def test_a_click_after_the_deadline_expires_the_request_instead(h: Harness) -> None:
     h.model.script(calls(("transferMoney", TRANSFER)), answer_with_tool_results)
     out = await h.workflow.start_turn(h.thread(), "U_EMP", "send")
