@@ -297,9 +297,8 @@ class SqlSessionStore(SessionStore[Any]):
         """Most saves create a row, and a missing row has nothing to lock: on PostgreSQL they
         read it and write it (one statement) in autocommit, two round trips, no BEGIN or
         COMMIT. A racing creator's row fails the insert, and the retry finds the row."""
-        async with self._sessions() as s, s.begin():
+        async with autocommit(self._sessions) as s:
             if s.get_bind().dialect.name == "postgresql":
-                await s.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
                 key = {"team": team, "sid": snapshot_id}
                 if (await s.execute(GET_ROW, key)).first() is None:
                     snap = apply_save(existing=None, snapshot_id=snapshot_id, fn=fn)
