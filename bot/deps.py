@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -26,7 +26,7 @@ class Background:
     Slack's acknowledgements) longer. The database pool would make most of them wait anyway.
     """
 
-    def __init__(self, limit: int = 32) -> None:
+    def __init__(self, limit: int) -> None:
         self._tasks: set[asyncio.Task[None]] = set()
         self._running = asyncio.Semaphore(limit)
 
@@ -65,4 +65,4 @@ class Deps:
     delivery: Delivery
     people: People
     clock: Callable[[], datetime]
-    background: Background = field(default_factory=Background)
+    background: Background

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from agent.assemble import build_workflow
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import Failed, Reply, Thread
+from agent.workflow import Failed, Reply, Thread, Workflow
 from storage.db import make_engine, make_session_factory
 from storage.models import Approval, Conversation, MessageRow, SnapshotRow
 from tests.agent.conftest import gemini_workflow
@@ -46,6 +46,18 @@ def kill_connection_on(engine: AsyncEngine, fragment: str) -> list[str]:
     return killed
 
 
+def scripted_workflow(engine: AsyncEngine) -> tuple[Workflow, ScriptedModel]:
+    """A workflow on `engine` whose model answers from a script."""
+    model = ScriptedModel()
+    workflow = build_workflow(
+        make_session_factory(engine),
+        AgentConfig(model="scripted", tool_modules=("tests.ledger_tools",)),
+        defaults=PolicyDefaults(channel="C0APPROVE"),
+        setup=model.register,
+    )
+    return workflow, model
+
+
 async def count(engine: AsyncEngine, model: Any, team: str) -> int:
     async with make_session_factory(engine)() as db:
         query = select(func.count()).select_from(model).where(model.team_id == team)
@@ -75,13 +87,7 @@ async def assert_every_snapshot_whole(engine: AsyncEngine, team: str) -> None:
 async def test_connection_killed_mid_save_fails_cleanly_and_next_message_works(
     fault_engine: AsyncEngine, pg_engine: AsyncEngine, team: str
 ) -> None:
-    model = ScriptedModel()
-    workflow = build_workflow(
-        make_session_factory(fault_engine),
-        AgentConfig(model="scripted", tool_modules=("tests.ledger_tools",)),
-        defaults=PolicyDefaults(channel="C0APPROVE"),
-        setup=model.register,
-    )
+    workflow, model = scripted_workflow(fault_engine)
     thread = Thread(team, "D0FAULT", "1.0")
     model.script(scripted_text("first answer"))
     killed = kill_connection_on(fault_engine, "INSERT INTO AGENT_MESSAGES")
@@ -138,13 +144,7 @@ async def test_pooled_connections_killed_while_idle_are_replaced_before_the_next
     fault_engine: AsyncEngine, pg_engine: AsyncEngine, team: str
 ) -> None:
     """A database restart or pg_terminate_backend between turns costs no turn."""
-    model = ScriptedModel()
-    workflow = build_workflow(
-        make_session_factory(fault_engine),
-        AgentConfig(model="scripted", tool_modules=("tests.ledger_tools",)),
-        defaults=PolicyDefaults(channel="C0APPROVE"),
-        setup=model.register,
-    )
+    workflow, model = scripted_workflow(fault_engine)
     thread = Thread(team, "D0FAULT", "4.0")
     model.script(scripted_text("first answer"), scripted_text("second answer"))
     assert await workflow.start_turn(thread, "U_EMP", "hello") == Reply(thread, "first answer")
