@@ -7,8 +7,10 @@ closed over by a class built per application (`approval_middleware`), not passed
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -51,6 +53,18 @@ class TurnScope:
 
 
 current_scope: ContextVar[TurnScope | None] = ContextVar("greenlight_turn", default=None)
+
+# Set by whoever runs the turn (bot.deps.Background): the context a turn waits on the model
+# or a tool in, so that its runner can give the turn's place to other work meanwhile.
+waiting_outside: ContextVar[Callable[[], AbstractAsyncContextManager[None]] | None] = ContextVar(
+    "greenlight_waiting_outside", default=None
+)
+
+
+def outside() -> AbstractAsyncContextManager[None]:
+    """Wait on something outside this process (the model, a tool) in here."""
+    hook = waiting_outside.get()
+    return hook() if hook is not None else contextlib.nullcontext()
 
 
 def jsonable(value: Any) -> Any:
@@ -129,7 +143,8 @@ def approval_middleware(
             )
             raise Interrupt({"why": f"{tool} needs approval (the approval given was not valid)"})
         try:
-            result = await next_fn(params, ctx)
+            async with outside():
+                result = await next_fn(params, ctx)
             output = jsonable(result.output)
         except Exception:
             log.exception("approved tool %s failed (approval %s)", tool, approval_id)
@@ -160,7 +175,8 @@ def approval_middleware(
                 [ModelHookParams, GenerateMiddlewareContext], Awaitable[ModelResponse]
             ],
         ) -> ModelResponse:
-            response = await next_fn(params, ctx)
+            async with outside():
+                response = await next_fn(params, ctx)
             stamp_refs(response, new_id)
             return response
 
@@ -186,7 +202,8 @@ def approval_middleware(
                 # Approval metadata with no recorded approval behind it is not trusted.
             policy = scope.policies[tool] = await policies.get(scope.team_id, tool)
             if policy.allowed:
-                return await next_fn(params, ctx)
+                async with outside():
+                    return await next_fn(params, ctx)
             raise Interrupt({"why": policy.why})
 
     return GreenlightApproval

@@ -71,24 +71,29 @@ def resume_when_ready(deps: Deps, client: AsyncWebClient, turn_id: str) -> None:
     deps.background.spawn(resume(), name=f"resume {turn_id}")
 
 
+async def approve(
+    deps: Deps, client: AsyncWebClient, team: str, user: str, channel: str | None, approval_id: str
+) -> None:
+    facts = facts_for(deps, client, user, channel)
+    try:
+        decided = await deps.workflow.decide(team, approval_id, user, approve=True, facts=facts)
+    except DecisionRefused as refusal:
+        await refuse(deps, client, refusal, user=user, channel=channel)
+        return
+    if decided.turn_ready:  # first: the requester waits on it, the card can follow
+        resume_when_ready(deps, client, decided.turn_id)
+    await deps.delivery.refresh_card(client, decided.approval)
+
+
 def register(app: AsyncApp, deps: Deps) -> None:
     @app.action("approve")
     async def on_approve(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:
         await ack()
-        client = context.client
         parsed = clicked(body)
-        if parsed is None or client is None:
+        if parsed is None or context.client is None:
             return
-        team, user, channel, approval_id = parsed
-        facts = facts_for(deps, client, user, channel)
-        try:
-            decided = await deps.workflow.decide(team, approval_id, user, approve=True, facts=facts)
-        except DecisionRefused as refusal:
-            await refuse(deps, client, refusal, user=user, channel=channel)
-            return
-        if decided.turn_ready:  # first: the requester waits on it, the card can follow
-            resume_when_ready(deps, client, decided.turn_id)
-        await deps.delivery.refresh_card(client, decided.approval)
+        # In line with the turns: a click waits behind the messages that came before it.
+        deps.background.spawn(approve(deps, context.client, *parsed), name="approve")
 
     @app.action("deny")
     async def on_deny(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from agent.approval import outside
 from bot.deps import Background
 
 
@@ -41,3 +42,46 @@ async def test_drain_cuts_off_running_and_waiting_work() -> None:
     background.spawn(never.wait(), name="stuck")  # type: ignore[arg-type]
     background.spawn(never.wait(), name="queued behind it")  # type: ignore[arg-type]
     assert await background.drain(0.05) == 2
+
+
+async def test_work_waiting_outside_gives_its_slot_up_and_gets_it_back_first() -> None:
+    background = Background(limit=1)
+    second_started, model_answered = asyncio.Event(), asyncio.Event()
+    steps: list[str] = []
+
+    async def first() -> None:
+        steps.append("first: before the model")
+        async with outside():  # as the approval middleware waits on the model
+            await second_started.wait()  # only possible if the slot was given up
+            background.spawn(third(), name="third")
+            model_answered.set()  # and, in the same step, back in line for a slot
+        steps.append("first: after the model")
+
+    async def second() -> None:
+        steps.append("second")
+        second_started.set()
+        await model_answered.wait()  # the first is back in line before this slot is free
+
+    async def third() -> None:
+        steps.append("third")
+
+    background.spawn(first(), name="first")
+    background.spawn(second(), name="second")
+    background.spawn(later(steps), name="later")
+    assert await background.drain(5) == 0
+    assert steps == [
+        "first: before the model",
+        "second",
+        "first: after the model",  # before `later`, which came after it
+        "third",  # spawned by the first piece: in its place, ahead of `later`
+        "later",
+    ]
+
+
+async def later(steps: list[str]) -> None:
+    steps.append("later")
+
+
+async def test_without_a_runner_waiting_outside_is_plain_waiting() -> None:
+    async with outside():
+        pass
