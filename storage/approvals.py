@@ -11,6 +11,7 @@ instances, so callers stay typed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -272,20 +273,44 @@ async def turn_approvals(db: AsyncSession, turn_id: str) -> list[Approval]:
 async def add_paused_turn(
     db: AsyncSession, turn: Turn, rows: Sequence[Approval], events: Sequence[dict[str, Any]]
 ) -> None:
-    """Insert a turn stopped on interrupts, one approval per interrupt, and audit `events`.
+    """Insert a turn stopped on interrupts, one approval per interrupt, and audit `events`
+    (one per approval).
 
     On PostgreSQL one statement (data-modifying CTEs): atomic on its own, one round trip on
     the way to the card. Elsewhere three inserts, atomic in the caller's transaction.
     """
-    turn_row, approval_rows = [_values(T, turn)], [_values(A, row) for row in rows]
-    if db.get_bind().dialect.name == "postgresql":
-        paused = sa.insert(T).values(turn_row).cte("paused")
-        asked = sa.insert(A).values(approval_rows).cte("asked")
-        await db.execute(audit.INSERT.values(list(events)).add_cte(paused, asked))
-    else:
-        await db.execute(sa.insert(T), turn_row)
+    turn_row, approval_rows = _values(T, turn), [_values(A, row) for row in rows]
+    if db.get_bind().dialect.name != "postgresql":
+        await db.execute(sa.insert(T), [turn_row])
         await db.execute(sa.insert(A), approval_rows)
         await db.execute(audit.INSERT, list(events))
+        return
+    values = {f"t_{key}": value for key, value in turn_row.items()}
+    for i, (row, event) in enumerate(zip(approval_rows, events, strict=True)):
+        values |= {f"a{i}_{key}": value for key, value in row.items()}
+        values |= {f"e{i}_{key}": value for key, value in event.items()}
+    await db.execute(_paused(len(rows)), values)
+
+
+@functools.cache
+def _paused(n: int) -> sa.Insert:
+    """The PostgreSQL statement for a turn with `n` approvals, built once per `n`.
+
+    Single-row inserts only, with named parameters: SQLAlchemy caches the compiled form of
+    those, while a multi-row VALUES was compiled afresh on every call.
+    """
+
+    def row(table: sa.Table, prefix: str, keys: Sequence[str]) -> dict[str, Any]:
+        return {k: sa.bindparam(prefix + k, type_=table.c[k].type) for k in keys}
+
+    event_keys = audit.ENTRY_KEYS
+    ctes = [sa.insert(T).values(row(T, "t_", T.c.keys())).cte("paused")]
+    ctes += [sa.insert(A).values(row(A, f"a{i}_", A.c.keys())).cte(f"asked{i}") for i in range(n)]
+    ctes += [
+        audit.INSERT.values(row(audit.TABLE, f"e{i}_", event_keys)).cte(f"noted{i}")
+        for i in range(1, n)
+    ]
+    return audit.INSERT.values(row(audit.TABLE, "e0_", event_keys)).add_cte(*ctes)
 
 
 def _values(table: sa.Table, obj: Base) -> dict[str, Any]:

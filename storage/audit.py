@@ -12,7 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.models import AuditEvent
 
-INSERT = sa.insert(cast(sa.Table, AuditEvent.__table__))
+TABLE = cast(sa.Table, AuditEvent.__table__)
+INSERT = sa.insert(TABLE)
+ENTRY_KEYS = ("team_id", "at", "actor", "action", "tool", "approval_id", "detail")
 
 
 def entry(
@@ -26,8 +28,8 @@ def entry(
     **detail: Any,
 ) -> dict[str, Any]:
     """One event as a row, for `record` or for a caller inserting it with other rows."""
-    event = {"team_id": team_id, "at": at, "actor": actor, "action": action}
-    return {**event, "tool": tool, "approval_id": approval_id, "detail": detail}
+    values = (team_id, at, actor, action, tool, approval_id, detail)
+    return dict(zip(ENTRY_KEYS, values, strict=True))
 
 
 async def record(db: AsyncSession, event: dict[str, Any]) -> None:
