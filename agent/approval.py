@@ -30,7 +30,7 @@ from pydantic import BaseModel
 
 from agent.policy import Policy, PolicyService
 from storage import approvals, audit
-from storage.db import SessionFactory
+from storage.db import SessionFactory, autocommit
 from storage.models import ApprovalStatus, Execution
 
 log = logging.getLogger(__name__)
@@ -108,25 +108,12 @@ def approval_middleware(
     ) -> MultipartToolResponse:
         """Run an approved call at most once: 'started' is committed before the tool runs."""
         tool, ref = params.tool.name, params.tool_request_part.tool_request.ref  # type: ignore[union-attr]
-        async with sessions.begin() as db:
+        async with autocommit(sessions) as db:  # committed, with its audit row, before the run
             started = await approvals.start_execution(
-                db, approval_id, team_id=scope.team_id, tool=tool, ref=ref or ""
+                db, approval_id, team_id=scope.team_id, tool=tool, ref=ref or "", now=clock()
             )
             if started is None:
                 found = await approvals.locate(db, scope.team_id, approval_id)
-            else:
-                await audit.record(
-                    db,
-                    audit.entry(
-                        team_id=scope.team_id,
-                        at=clock(),
-                        actor=started.decided_by or "",
-                        action="execution_started",
-                        tool=tool,
-                        approval_id=approval_id,
-                        input=started.input,
-                    ),
-                )
         if started is None:
             row = found.approval if found is not None else None
             if (
@@ -150,20 +137,17 @@ def approval_middleware(
             log.exception("approved tool %s failed (approval %s)", tool, approval_id)
             output = {"ok": False, "error": f"the tool {tool} failed; it may need a retry"}
             result = MultipartToolResponse(output=output)
-        async with sessions.begin() as db:
-            await approvals.finish_execution(db, approval_id, output=output)
-            await audit.record(
-                db,
-                audit.entry(
-                    team_id=scope.team_id,
-                    at=clock(),
-                    actor="greenlight",
-                    action="executed",
-                    tool=tool,
-                    approval_id=approval_id,
-                    output=output,
-                ),
-            )
+        event = audit.entry(
+            team_id=scope.team_id,
+            at=clock(),
+            actor="greenlight",
+            action="executed",
+            tool=tool,
+            approval_id=approval_id,
+            output=output,
+        )
+        async with autocommit(sessions) as db:
+            await approvals.finish_execution(db, approval_id, output=output, event=event)
         return result
 
     class GreenlightApproval(BaseMiddleware[Any]):

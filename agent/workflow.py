@@ -289,26 +289,29 @@ class Workflow:
         info = await self.check_decider(team_id, approval_id, approver, facts or ApproverFacts())
         now = self._clock()
         status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
-        async with self._sessions.begin() as db:
+        event = audit.entry(
+            team_id=team_id,
+            at=now,
+            actor=approver,
+            action=status.value,
+            tool=info.tool,
+            approval_id=approval_id,
+            input=info.input,
+            reason=reason,
+        )
+        async with autocommit(self._sessions) as db:  # with its audit row: one statement
             won = await approvals.record_decision(
-                db, approval_id, status=status, decided_by=approver, reason=reason, now=now
+                db,
+                approval_id,
+                status=status,
+                decided_by=approver,
+                reason=reason,
+                now=now,
+                event=event,
             )
             if won is None:
                 found = await approvals.locate(db, team_id, approval_id)
                 raise DecisionRefused("already_decided", self._located(found) if found else info)
-            await audit.record(
-                db,
-                audit.entry(
-                    team_id=team_id,
-                    at=now,
-                    actor=approver,
-                    action=status.value,
-                    tool=info.tool,
-                    approval_id=approval_id,
-                    input=info.input,
-                    reason=reason,
-                ),
-            )
         return Decided(self._info(won.approval, info.thread), info.turn_id, won.others_pending == 0)
 
     # -- maintenance -------------------------------------------------------------------
@@ -335,22 +338,25 @@ class Workflow:
         """pending -> expired for overdue approvals, audited; returns those this call expired."""
         expired = []
         for row in rows:
+            event = audit.entry(
+                team_id=row.team_id,
+                at=now,
+                actor="greenlight",
+                action="expired",
+                tool=row.tool,
+                approval_id=row.id,
+                input=row.input,
+            )
             done = await approvals.record_decision(
-                db, row.id, status=ApprovalStatus.EXPIRED, decided_by=None, reason=None, now=now
+                db,
+                row.id,
+                status=ApprovalStatus.EXPIRED,
+                decided_by=None,
+                reason=None,
+                now=now,
+                event=event,
             )
             if done is not None:
-                await audit.record(
-                    db,
-                    audit.entry(
-                        team_id=row.team_id,
-                        at=now,
-                        actor="greenlight",
-                        action="expired",
-                        tool=row.tool,
-                        approval_id=row.id,
-                        input=row.input,
-                    ),
-                )
                 expired.append(await self._info_of(db, done.approval))
         return expired
 

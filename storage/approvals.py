@@ -12,7 +12,7 @@ instances, so callers stay typed.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar, cast
@@ -183,7 +183,33 @@ FINISH_EXECUTION = (
     sa.update(A)
     .where(A.c.id == sa.bindparam("approval"), A.c.execution == Execution.STARTED)
     .values(execution=Execution.FINISHED, output=sa.bindparam("result"))
+    .returning(A.c.id)
 )
+
+
+def _audited(update: Any, **from_row: Callable[[Any], Any]) -> Any:
+    """On PostgreSQL, `update` (RETURNING) and its audit row as one statement: the row is
+    appended exactly when the update took, atomically, with no transaction around the two.
+
+    Audit values are bound as `audit_<key>`, except those in `from_row`, read off the
+    changed row (given the CTE).
+    """
+    changed = update.cte("changed")
+    columns = [
+        from_row[key](changed) if key in from_row else sa.bindparam(f"audit_{key}", type_=col.type)
+        for key, col in ((k, audit.TABLE.c[k]) for k in audit.ENTRY_KEYS)
+    ]
+    noted = audit.INSERT.from_select(audit.ENTRY_KEYS, sa.select(*columns).select_from(changed))
+    return sa.select(changed).add_cte(noted.cte("noted"))
+
+
+DECIDE_AUDITED = _audited(DECIDE)
+START_EXECUTION_AUDITED = _audited(
+    START_EXECUTION,
+    actor=lambda row: sa.func.coalesce(row.c.decided_by, ""),
+    detail=lambda row: sa.func.json_build_object("input", row.c.input),
+)
+FINISH_EXECUTION_AUDITED = _audited(FINISH_EXECUTION)
 SET_CARD = (
     sa.update(A)
     .where(A.c.id == sa.bindparam("approval"))
@@ -325,8 +351,10 @@ async def record_decision(
     decided_by: str | None,
     reason: str | None,
     now: datetime,
+    event: dict[str, Any],
 ) -> Recorded | None:
-    """pending -> approved/denied/expired, once; None when someone else decided first."""
+    """pending -> approved/denied/expired, once, with its audit `event`; None when someone
+    else decided first (and nothing is written)."""
     values = {
         "approval": approval_id,
         "decision": status,
@@ -334,12 +362,32 @@ async def record_decision(
         "because": reason,
         "now": now,
     }
-    row = (await db.execute(DECIDE, values)).first()
+    row = await _transition(db, DECIDE, DECIDE_AUDITED, values, event)
     if row is None:
         return None
     columns = dict(row._mapping)
     others = int(columns.pop("others_pending"))
     return Recorded(Approval(**columns), others)
+
+
+async def _transition(
+    db: AsyncSession,
+    update: Any,
+    audited: Any,
+    values: dict[str, Any],
+    event: dict[str, Any],
+    from_row: Callable[[sa.Row[Any]], dict[str, Any]] | None = None,
+) -> sa.Row[Any] | None:
+    """Run a conditional update and append its audit `event` if it took: on PostgreSQL one
+    statement (`audited`), elsewhere two in the caller's transaction. Audit values that
+    come from the changed row are `from_row`'s here and read off the row by `audited`."""
+    if db.get_bind().dialect.name == "postgresql":
+        bound = {f"audit_{key}": value for key, value in event.items()}
+        return (await db.execute(audited, values | bound)).first()
+    row = (await db.execute(update, values)).first()
+    if row is not None:
+        await audit.record(db, event | (from_row(row) if from_row else {}))
+    return row
 
 
 async def expired_approvals(
@@ -400,17 +448,31 @@ async def recoverable_turns(
 
 
 async def start_execution(
-    db: AsyncSession, approval_id: str, *, team_id: str, tool: str, ref: str
+    db: AsyncSession, approval_id: str, *, team_id: str, tool: str, ref: str, now: datetime
 ) -> Approval | None:
-    """not_started -> started for an approved call: the one gate every execution passes.
-
-    The row when this caller passed it; None for everyone else, ever."""
+    """not_started -> started for an approved call: the one gate every execution passes,
+    audited with its approver and input. The row when this caller passed it; None for
+    everyone else, ever."""
     values = {"approval": approval_id, "team": team_id, "tool_name": tool, "call_ref": ref}
-    return _as(Approval, (await db.execute(START_EXECUTION, values)).first())
+    event = audit.entry(
+        team_id=team_id, at=now, actor="", action="execution_started", tool=tool,
+        approval_id=approval_id,
+    )  # fmt: skip
+    del event["actor"], event["detail"]  # off the row: who approved it, and its input
+
+    def from_row(row: sa.Row[Any]) -> dict[str, Any]:
+        return {"actor": row.decided_by or "", "detail": {"input": row.input}}
+
+    row = await _transition(db, START_EXECUTION, START_EXECUTION_AUDITED, values, event, from_row)
+    return _as(Approval, row)
 
 
-async def finish_execution(db: AsyncSession, approval_id: str, *, output: dict[str, Any]) -> None:
-    await db.execute(FINISH_EXECUTION, {"approval": approval_id, "result": output})
+async def finish_execution(
+    db: AsyncSession, approval_id: str, *, output: dict[str, Any], event: dict[str, Any]
+) -> None:
+    """started -> finished with the tool's output, and its audit `event`."""
+    values = {"approval": approval_id, "result": output}
+    await _transition(db, FINISH_EXECUTION, FINISH_EXECUTION_AUDITED, values, event)
 
 
 async def set_card(db: AsyncSession, approval_id: str, *, channel: str, ts: str) -> None:

@@ -80,8 +80,9 @@ def make_session_factory(engine: AsyncEngine) -> SessionFactory:
 async def autocommit(sessions: SessionFactory) -> AsyncIterator[AsyncSession]:
     """A session for lookups and lone writes, which need no transaction around them.
 
-    On PostgreSQL each statement commits on its own: no BEGIN and COMMIT round trips. On
-    SQLite (local calls, no round trips) the session commits at the end as usual.
+    On PostgreSQL each statement commits on its own: no BEGIN and COMMIT round trips (a
+    transition and its audit row are one statement there). On SQLite (local calls, no round
+    trips) the session commits at the end as usual, so what it wrote is atomic.
     """
     async with sessions() as db:
         if db.get_bind().dialect.name == "postgresql":

@@ -8,12 +8,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agent.assemble import build_workflow, new_uuid
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
 from agent.workflow import Thread, Workflow
-from storage.db import SessionFactory
+from storage.db import SessionFactory, make_session_factory
 from tests import ledger_tools
 from tests.fakes.gemini import FakeGemini
 from tests.fakes.scripted_model import ScriptedModel
@@ -65,14 +66,13 @@ def gemini_workflow(sessions: SessionFactory, gemini: FakeGemini, timeout: float
     )
 
 
-@pytest.fixture
-def h(pg_sessions: SessionFactory, team: str, ledger: Path) -> Harness:
+def harness(sessions: SessionFactory, team: str) -> Harness:
     model = ScriptedModel()
     clock = Clock()
 
     def make() -> Workflow:
         return build_workflow(
-            pg_sessions,
+            sessions,
             AgentConfig(model="scripted", tool_modules=("tests.ledger_tools",)),
             defaults=PolicyDefaults(channel="C0APPROVE"),
             clock=clock,
@@ -81,3 +81,14 @@ def h(pg_sessions: SessionFactory, team: str, ledger: Path) -> Harness:
         )
 
     return Harness(workflow=make(), model=model, clock=clock, team=team, make=make)
+
+
+@pytest.fixture
+def h(pg_sessions: SessionFactory, team: str, ledger: Path) -> Harness:
+    return harness(pg_sessions, team)
+
+
+@pytest.fixture
+def h_any(any_engine: AsyncEngine, team: str, ledger: Path) -> Harness:
+    """The harness on PostgreSQL and on SQLite, whose statements differ."""
+    return harness(make_session_factory(any_engine), team)

@@ -45,6 +45,30 @@ async def test_approve_runs_the_tool_once_with_the_requested_input(h: Harness) -
     assert await h.workflow.continue_turn(decided.turn_id) is None  # nothing left to resume
 
 
+async def test_every_step_of_an_approval_is_audited_once(h_any: Harness) -> None:
+    h = h_any
+    h.model.script(calls(("transferMoney", TRANSFER)), answer_with_tool_results)
+    out = await h.workflow.start_turn(h.thread(), "U_EMP", "send 500 to 12345")
+    assert isinstance(out, AwaitingApproval)
+    [approval] = out.approvals
+    decided = await h.workflow.decide(
+        h.team, approval.id, "U_BOSS", approve=True, reason="ok", facts=IN_CHANNEL
+    )
+    with pytest.raises(DecisionRefused):  # a second decision writes no second row
+        await h.workflow.decide(h.team, approval.id, "U_TWO", approve=True, facts=IN_CHANNEL)
+    assert await h.workflow.continue_turn(decided.turn_id) is not None
+    trail = sorted(await h.workflow.audit_trail(h.team), key=lambda e: (e.at, e.id))
+    assert [(e.action, e.actor, e.tool, e.approval_id) for e in trail] == [
+        ("requested", "U_EMP", "transferMoney", approval.id),
+        ("approved", "U_BOSS", "transferMoney", approval.id),
+        ("execution_started", "U_BOSS", "transferMoney", approval.id),
+        ("executed", "greenlight", "transferMoney", approval.id),
+    ]
+    assert [e.detail.get("input") for e in trail[:3]] == [TRANSFER] * 3
+    assert trail[1].detail["reason"] == "ok"
+    assert trail[3].detail["output"]["success"] is True
+
+
 async def test_deny_never_runs_the_tool_and_the_model_gets_the_reason(h: Harness) -> None:
     h.model.script(calls(("transferMoney", TRANSFER)), answer_with_tool_results)
     out = await h.workflow.start_turn(h.thread(), "U_EMP", "send 500")
