@@ -231,6 +231,22 @@ class Workflow:
             return await self._resume_failed(turn, conv_id, thread)
         finally:
             heartbeat.cancel()
+        if out.finish_reason != AgentFinishReason.INTERRUPTED:
+            async with autocommit(self._sessions) as db:  # one statement on PostgreSQL
+                finished = await approvals.finish_and_release(
+                    db,
+                    turn.id,
+                    attempt=turn.attempts,
+                    now=self._clock(),
+                    conversation_id=conv_id,
+                    snapshot_id=out.snapshot_id,
+                )
+            if finished is None:
+                log.error("turn %s lost its lease while resuming; dropping this result", turn.id)
+                return None
+            settled = tuple([self._info(r, thread) for r in finished])
+            return Resumed(Reply(thread, out.text), settled)
+        # Chained interrupts: the turn is done and a new one waits, in one transaction.
         policies = await self._interrupt_policies(scope, out)
         async with self._sessions.begin() as db:
             if not await approvals.finish_turn(
@@ -239,11 +255,8 @@ class Workflow:
                 log.error("turn %s lost its lease while resuming; dropping this result", turn.id)
                 return None
             settled = await self._infos(db, turn.id, thread)
-            if out.finish_reason == AgentFinishReason.INTERRUPTED:
-                infos = await self._pause(db, conv_id, thread, requester, out, policies)
-                return Resumed(AwaitingApproval(thread, infos), settled)
-            await approvals.release_conversation(db, conv_id, snapshot_id=out.snapshot_id)
-            return Resumed(Reply(thread, out.text), settled)
+            infos = await self._pause(db, conv_id, thread, requester, out, policies)
+        return Resumed(AwaitingApproval(thread, infos), settled)
 
     # -- decisions ---------------------------------------------------------------------
 

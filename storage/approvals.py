@@ -166,6 +166,25 @@ FINISH_TURN = (
     .where(_resuming)
     .values(state=sa.bindparam("new_state"), lease_until=None, updated_at=sa.bindparam("now"))
 )
+_finished = FINISH_TURN.returning(T.c.id).cte("finished")
+_released = (
+    sa.update(C)
+    .where(C.c.id == sa.bindparam("conversation"), sa.exists(sa.select(_finished.c.id)))
+    .values(
+        busy_until=None,
+        snapshot_id=sa.func.coalesce(sa.bindparam("snapshot", type_=sa.String), C.c.snapshot_id),
+    )
+    .returning(C.c.id)
+    .cte("released")
+)
+# PostgreSQL: a resumed turn done and its thread freed, returning its approvals (none when
+# the lease was lost, and then nothing changed).
+FINISH_AND_RELEASE = (
+    sa.select(A)
+    .join(_finished, _finished.c.id == A.c.turn_id)
+    .order_by(A.c.requested_at, A.c.id)
+    .add_cte(_released)
+)
 START_EXECUTION = (
     sa.update(A)
     .where(
@@ -424,6 +443,34 @@ async def finish_turn(
 ) -> bool:
     values = {"turn": turn_id, "attempt": attempt, "new_state": state, "now": now}
     return _changed(await db.execute(FINISH_TURN, values))
+
+
+async def finish_and_release(
+    db: AsyncSession,
+    turn_id: str,
+    *,
+    attempt: int,
+    now: datetime,
+    conversation_id: str,
+    snapshot_id: str | None,
+) -> list[Approval] | None:
+    """A resumed turn is done and its thread free to continue from `snapshot_id`; returns
+    the turn's approvals, or None when its lease was lost (and nothing changed). On
+    PostgreSQL one statement, elsewhere three in the caller's transaction."""
+    if db.get_bind().dialect.name == "postgresql":
+        values = {
+            "turn": turn_id,
+            "attempt": attempt,
+            "new_state": TurnState.DONE,
+            "now": now,
+            "conversation": conversation_id,
+            "snapshot": snapshot_id,
+        }
+        return _all(Approval, (await db.execute(FINISH_AND_RELEASE, values)).all()) or None
+    if not await finish_turn(db, turn_id, attempt=attempt, state=TurnState.DONE, now=now):
+        return None
+    await release_conversation(db, conversation_id, snapshot_id=snapshot_id)
+    return await turn_approvals(db, turn_id)
 
 
 async def recoverable_turns(
