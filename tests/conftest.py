@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import asyncpg  # type: ignore[import-untyped]
@@ -116,3 +117,12 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def team() -> Iterator[str]:
     """A workspace of this test's own: rows of other tests are invisible to it."""
     yield "T" + uuid.uuid4().hex[:10].upper()
+
+
+async def poll(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:  # noqa: ASYNC109
+    """Until `check()` holds; fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout}s")
+        await asyncio.sleep(0.05)

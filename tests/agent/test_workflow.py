@@ -12,6 +12,7 @@ from agent.policy import ApproverFacts
 from agent.workflow import AwaitingApproval, Busy, DecisionRefused, Reply
 from storage.models import ApprovalStatus, Execution
 from tests.agent.conftest import IN_CHANNEL, Harness
+from tests.conftest import poll
 from tests.fakes.scripted_model import calls, text, tool_responses
 
 TRANSFER = {"amount": 500, "toAccount": "12345"}
@@ -201,6 +202,38 @@ async def test_fifty_concurrent_approvals_execute_once(h: Harness) -> None:
     assert len(winners) == 1
     assert all(r == "told:" + winners[0][4:] for r in results if r.startswith("told:"))
     assert len(h.ledger()) == 1
+
+
+async def test_a_resume_that_lost_its_lease_changes_nothing(h_any: Harness) -> None:
+    """A slow resume whose lease ran out is taken over; its late result is dropped."""
+    h = h_any
+    slow_reply_may_go = asyncio.Event()
+
+    async def slow(request: ModelRequest[Any]) -> ModelResponse:
+        await slow_reply_may_go.wait()
+        return text("late")
+
+    h.model.script(calls(("transferMoney", TRANSFER)), slow, text("taken over"))
+    out = await h.workflow.start_turn(h.thread(), "U_EMP", "send")
+    assert isinstance(out, AwaitingApproval)
+    [approval] = out.approvals
+    await h.workflow.decide(h.team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL)
+    slow_resume = asyncio.create_task(h.workflow.continue_turn(approval.turn_id))
+    await poll(lambda: len(h.model.requests) == 2, "the slow resume's model call")
+    h.clock.advance(hours=1)  # past its lease
+    report = await h.make().sweep(h.team)  # another replica's recovery takes the turn over
+    [taken] = report.resumed
+    assert isinstance(taken.outcome, Reply) and taken.outcome.text == "taken over"
+    slow_reply_may_go.set()
+    assert await slow_resume is None
+    assert len(h.ledger()) == 1  # the tool ran once, in the first resume
+    follow_up = text("and the thread continues")
+    h.model.script(follow_up)
+    reply = await h.workflow.start_turn(h.thread(), "U_EMP", "thanks")
+    assert isinstance(reply, Reply) and reply.text == "and the thread continues"
+    # It continued from the takeover's answer, not from the dropped one.
+    said = [p.text for m in h.model.requests[-1].messages for p in m.content if p.text]
+    assert "taken over" in said and "late" not in said
 
 
 async def test_expiry_denies_and_resumes(h: Harness) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,15 +118,6 @@ async def service(
         yield svc
     finally:
         await svc.stop()
-
-
-async def poll(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:  # noqa: ASYNC109
-    """Until `check()` holds; fails the test after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout}s")
-        await asyncio.sleep(0.05)
 
 
 async def settle(service: Service, timeout: float = 15.0) -> None:  # noqa: ASYNC109

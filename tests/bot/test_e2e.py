@@ -33,9 +33,9 @@ from tests.bot.conftest import (
     button_value,
     in_channel,
     new_ts,
-    poll,
     settle,
 )
+from tests.conftest import poll
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, function_call, text
 from tests.fakes.slack_api import BOT_USER_ID, Call, FakeSlack

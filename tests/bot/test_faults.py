@@ -55,7 +55,6 @@ from tests.bot.conftest import (
     button_value,
     in_channel,
     new_ts,
-    poll,
     settle,
 )
 from tests.bot.test_e2e import (
@@ -68,6 +67,7 @@ from tests.bot.test_e2e import (
     text_of,
     thread_posts,
 )
+from tests.conftest import poll
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, Reply, function_call, text
 from tests.fakes.slack_api import BOT_USER_ID, FakeSlack
