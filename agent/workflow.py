@@ -208,10 +208,12 @@ class Workflow:
         """Resume a fully decided turn, once. None when it is not ready or someone else has it."""
         now = self._clock()
         async with autocommit(self._sessions) as db:
-            turn = await approvals.claim_turn(db, turn_id, now=now, lease_until=now + self._lease)
-            if turn is None:
-                return None
-            located = await approvals.locate_turn(db, turn.id)
+            claimed = await approvals.claim_turn(
+                db, turn_id, now=now, lease_until=now + self._lease
+            )
+        if claimed is None:
+            return None
+        turn, located = claimed
         conv_id, rows = turn.conversation_id, [found.approval for found in located]
         first = located[0]  # a paused turn has one approval per interrupt, so at least one
         thread = Thread(turn.team_id, first.channel_id, first.thread_ts)

@@ -155,6 +155,19 @@ CLAIM_TURN = (
     )
     .returning(T)
 )
+_claimed = CLAIM_TURN.cte("claimed")
+# PostgreSQL: the claim and the turn's approvals with their thread, in one statement.
+CLAIM_TURN_LOCATED = (
+    sa.select(
+        *(c.label(f"claimed_{c.key}") for c in _claimed.c),
+        A,
+        C.c.channel_id.label("thread_channel"),
+        C.c.thread_ts.label("thread_ts"),
+    )
+    .join(A, A.c.turn_id == _claimed.c.id)
+    .join(C, C.c.id == _claimed.c.conversation_id)
+    .order_by(A.c.requested_at, A.c.id)
+)
 _resuming = sa.and_(
     T.c.id == sa.bindparam("turn"),
     T.c.state == TurnState.RESUMING,
@@ -305,8 +318,9 @@ async def locate_turn(db: AsyncSession, turn_id: str) -> list[Located]:
     return [_located(row) for row in await db.execute(LOCATED_BY_TURN, {"turn_id": turn_id})]
 
 
-def _located(row: sa.Row[Any]) -> Located:
-    values = dict(row._mapping)
+def _located(row: sa.Row[Any], skip: str | None = None) -> Located:
+    """`skip`: a prefix of other columns in the row (a joined turn's)."""
+    values = {k: v for k, v in row._mapping.items() if skip is None or not k.startswith(skip)}
     channel, thread_ts = values.pop("thread_channel"), values.pop("thread_ts")
     return Located(Approval(**values), channel, thread_ts)
 
@@ -422,14 +436,23 @@ async def expired_approvals(
 
 async def claim_turn(
     db: AsyncSession, turn_id: str, *, now: datetime, lease_until: datetime
-) -> Turn | None:
-    """Take the right to resume a turn whose every approval is decided.
+) -> tuple[Turn, list[Located]] | None:
+    """Take the right to resume a turn whose every approval is decided; returns the turn
+    and its approvals with their thread (one statement on PostgreSQL).
 
     A waiting turn is claimed once; a resuming turn only after its lease ran out (its
     process died or gave up), which is how recovery takes over without a second runner.
     """
     values = {"turn": turn_id, "now": now, "lease": lease_until}
-    return _as(Turn, (await db.execute(CLAIM_TURN, values)).first())
+    if db.get_bind().dialect.name != "postgresql":
+        turn = _as(Turn, (await db.execute(CLAIM_TURN, values)).first())
+        return None if turn is None else (turn, await locate_turn(db, turn.id))
+    rows = cast(Sequence[sa.Row[Any]], (await db.execute(CLAIM_TURN_LOCATED, values)).all())
+    if not rows:
+        return None
+    first = rows[0]._mapping
+    turn = Turn(**{c.key: first[f"claimed_{c.key}"] for c in T.columns})
+    return turn, [_located(row, skip="claimed_") for row in rows]
 
 
 async def extend_lease(db: AsyncSession, turn_id: str, *, attempt: int, until: datetime) -> bool:
