@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from storage import audit, policies
 from storage.db import SessionFactory, autocommit
 from storage.models import ToolPolicy
@@ -108,12 +106,14 @@ class PolicyService:
     def known_tools(self) -> list[str]:
         return sorted(self._tools())
 
-    async def get(self, team_id: str, tool: str, db: AsyncSession | None = None) -> Policy:
-        """The tool's policy as stored now (on the caller's session when it has one open)."""
-        if db is not None:
-            return _from_row(tool, await policies.get_policy(db, team_id, tool), self._defaults)
-        async with autocommit(self._sessions) as own:
-            return await self.get(team_id, tool, own)
+    async def get(self, team_id: str, tool: str) -> Policy:
+        """The tool's policy as stored now."""
+        async with autocommit(self._sessions) as db:
+            return self.of(tool, await policies.get_policy(db, team_id, tool))
+
+    def of(self, tool: str, row: ToolPolicy | None) -> Policy:
+        """The policy a stored row (read with something else) gives, defaults applied."""
+        return _from_row(tool, row, self._defaults)
 
     async def all(self, team_id: str) -> list[Policy]:
         async with autocommit(self._sessions) as db:

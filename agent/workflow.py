@@ -271,11 +271,12 @@ class Workflow:
         that exists and is pending, knowing its tool's policy.
         """
         async with autocommit(self._sessions) as db:
-            found = await approvals.locate(db, team_id, approval_id)
-            if found is None:
-                raise DecisionRefused("not_found")
-            info = self._located(found)
-            policy = await self._policies.get(team_id, info.tool, db)
+            with_policy = await approvals.locate_with_policy(db, team_id, approval_id)
+        if with_policy is None:
+            raise DecisionRefused("not_found")
+        found, stored = with_policy
+        info = self._located(found)
+        policy = self._policies.of(info.tool, stored)
         if info.status == ApprovalStatus.PENDING and info.expires_at <= self._clock():
             # Past its deadline but not yet swept: it is expired, whoever clicks.
             async with self._sessions.begin() as db:

@@ -28,6 +28,7 @@ from storage.models import (
     Base,
     Conversation,
     Execution,
+    ToolPolicy,
     Turn,
     TurnState,
 )
@@ -104,6 +105,11 @@ _LOCATED = (
     .join(C, C.c.id == T.c.conversation_id)
 )
 LOCATED = _LOCATED.where(A.c.team_id == sa.bindparam("team_id"), A.c.id == sa.bindparam("id"))
+_P = cast(sa.Table, ToolPolicy.__table__)
+# An approval to decide: with its thread and its tool's policy row (None: the defaults).
+LOCATED_WITH_POLICY = LOCATED.add_columns(*(c.label(f"policy_{c.key}") for c in _P.c)).outerjoin(
+    _P, sa.and_(_P.c.team_id == A.c.team_id, _P.c.tool == A.c.tool)
+)
 LOCATED_BY_TURN = _LOCATED.where(A.c.turn_id == sa.bindparam("turn_id")).order_by(
     A.c.requested_at, A.c.id
 )
@@ -311,6 +317,19 @@ async def locate(db: AsyncSession, team_id: str, approval_id: str) -> Located | 
     """The approval and its thread, in one query."""
     row = (await db.execute(LOCATED, {"team_id": team_id, "id": approval_id})).first()
     return None if row is None else _located(row)
+
+
+async def locate_with_policy(
+    db: AsyncSession, team_id: str, approval_id: str
+) -> tuple[Located, ToolPolicy | None] | None:
+    """The approval, its thread and its tool's stored policy, in one query."""
+    values = {"team_id": team_id, "id": approval_id}
+    row = (await db.execute(LOCATED_WITH_POLICY, values)).first()
+    if row is None:
+        return None
+    stored = {k[len("policy_") :]: v for k, v in row._mapping.items() if k.startswith("policy_")}
+    policy = None if stored["team_id"] is None else ToolPolicy(**stored)
+    return _located(row, skip="policy_"), policy
 
 
 async def locate_turn(db: AsyncSession, turn_id: str) -> list[Located]:
