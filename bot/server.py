@@ -77,7 +77,9 @@ class Service:
         self.settings = settings
         self.host = host
         self.port: int | None = None
-        self._engine = make_engine(settings.DATABASE_URL)
+        # Connections kept open: past them, each burst opens (and the pool later closes)
+        # one per extra request, which costs both sides far more than the statements.
+        self._engine = make_engine(settings.DATABASE_URL, pool_size=settings.DATABASE_POOL_SIZE)
         self._runner: web.AppRunner | None = None
         self._socket: AsyncSocketModeHandler | None = None
         self._sweeper: asyncio.Task[None] | None = None

@@ -38,6 +38,7 @@ class Settings(BaseSettings):
     PORT: int = Field(default=3000, ge=0, le=65535)  # 0: any free port (tests)
 
     DATABASE_URL: str = DEFAULT_DATABASE_URL
+    DATABASE_POOL_SIZE: int = Field(default=20, ge=1, le=1000)
     MIGRATE_ON_START: bool = True
 
     GEMINI_API_KEY: SecretStr | None = None
