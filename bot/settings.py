@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     APPROVAL_TIMEOUT_SECONDS: int = Field(default=24 * 3600, gt=0)
     RECOVERY_INTERVAL_SECONDS: float = Field(default=30.0, gt=0)
     RESUME_LEASE_SECONDS: float = Field(default=120.0, gt=0)
-    MAX_CONCURRENT_TURNS: int = Field(default=32, ge=1, le=4096)
+    MAX_CONCURRENT_TURNS: int = Field(default=8, ge=1, le=4096)
     LOG_LEVEL: str = "INFO"
 
     _split_tools = field_validator("AGENT_TOOLS", "ADMIN_USERS", mode="before")(_split_csv)
