@@ -9,7 +9,7 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -61,6 +61,7 @@ class Background:
         except Exception:
             log.exception("background work %s failed", name)
         finally:
+            work.done = True
             self._give(work)
             coro.close()  # cut off before it began (shutdown): closed, not left un-awaited
 
@@ -76,7 +77,10 @@ class Background:
                 if handed.done() and not handed.cancelled():
                     self._pass_on()  # handed a slot just as it was cancelled
                 raise
-        work.holding = True
+        if work.done:  # a straggler task of a piece that has ended: not its slot to keep
+            self._pass_on()
+        else:
+            work.holding = True
 
     def _give(self, work: _Work) -> None:
         if work.holding:
@@ -93,11 +97,17 @@ class Background:
 
     @contextlib.asynccontextmanager
     async def _outside(self, work: _Work) -> AsyncIterator[None]:
+        """The slot is given up while any of the piece's tasks waits outside (a turn may call
+        tools in parallel) and taken back, once, when the last of them returns."""
+        work.away += 1
         self._give(work)
         try:
             yield
         finally:
-            await self._take(work)
+            work.away -= 1
+            async with work.returning:  # one return to the line at a time
+                if not (work.done or work.holding or work.away):
+                    await self._take(work)
 
     async def drain(self, grace: float) -> int:
         """Wait for in-flight and waiting work; returns how many pieces were cut off."""
@@ -109,12 +119,15 @@ class Background:
         return len(pending)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Work:
     """One piece of background work: its place in line, and whether it holds a slot now."""
 
     place: int
     holding: bool = False
+    away: int = 0  # its tasks now waiting outside
+    done: bool = False
+    returning: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 _place: ContextVar[int | None] = ContextVar("greenlight_place", default=None)

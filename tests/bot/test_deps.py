@@ -85,3 +85,48 @@ async def later(steps: list[str]) -> None:
 async def test_without_a_runner_waiting_outside_is_plain_waiting() -> None:
     async with outside():
         pass
+
+
+async def test_parallel_waits_outside_take_the_slot_back_once() -> None:
+    """A turn may call tools in parallel: however their waits overlap, no slot is lost."""
+    background = Background(limit=1)
+    first_out, second_out, both_back = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    straggler_may_return = asyncio.Event()
+    stragglers: list[asyncio.Task[None]] = []
+
+    async def wait_outside(out: asyncio.Event, back: asyncio.Event) -> None:
+        async with outside():
+            out.set()
+            await back.wait()
+
+    async def turn() -> None:
+        done = asyncio.Event()
+        await asyncio.gather(
+            wait_outside(first_out, done),
+            wait_outside(second_out, both_back),
+            finish(first_out, second_out, done),
+        )
+        # A task of this turn still waiting outside after the turn has ended.
+        stragglers.append(asyncio.create_task(wait_outside(asyncio.Event(), straggler_may_return)))
+
+    async def finish(*events: asyncio.Event) -> None:
+        for event in events[:-1]:
+            await event.wait()
+        events[-1].set()  # the first comes back while the second is still out
+        both_back.set()
+
+    background.spawn(turn(), name="turn")
+    assert await background.drain(5) == 0
+    straggler_may_return.set()
+    await asyncio.wait_for(stragglers[0], timeout=5)
+    ran = asyncio.Event()
+
+    async def after() -> None:
+        ran.set()
+
+    for _ in range(3):  # every slot is back: each runs at once, one at a time
+        ran.clear()
+        assert background.has_room()
+        background.spawn(after(), name="after")
+        await asyncio.wait_for(ran.wait(), timeout=5)
+        assert await background.drain(5) == 0
