@@ -6,7 +6,9 @@ Each transition names the state it leaves in its WHERE clause, so when two calle
 Statements on the paths every conversation takes are Core, built once at import and
 returning what the caller needs (RETURNING) instead of a second read: through the ORM they
 cost more CPU than the database spends running them. Rows come back as detached model
-instances, so callers stay typed.
+instances, so callers stay typed. On PostgreSQL a change and what goes with it (its audit
+row, the rows the caller reads next) are one statement with data-modifying CTEs, run
+without a transaction around it; SQLite runs the parts in the caller's transaction.
 """
 
 from __future__ import annotations
