@@ -459,50 +459,49 @@ async def test_ack_is_immediate_while_the_model_is_slow(
     assert reply.args["channel"] == DM
 
 
-async def test_a_turn_waiting_on_the_model_gives_its_slot_to_the_next(
-    fake_slack: FakeSlack, gemini: FakeGemini, ledger: Path, bot_database: str, team: str
-) -> None:
+@pytest.fixture
+async def one_slot(
+    fake_slack: FakeSlack, gemini: FakeGemini, ledger: Path, bot_database: str
+) -> AsyncIterator[SlackClient]:
+    """A bot that works on one thing at a time."""
     settings = bot_settings(fake_slack, gemini, DATABASE_URL=bot_database, MAX_CONCURRENT_TURNS=1)
     svc = Service(settings, host="127.0.0.1")
     await svc.start()
     try:
         async with aiohttp.ClientSession() as http:
-            client = SlackClient(http, svc, fake_slack)
-            gemini.script(text("first", delay=3), text("second"))
-            assert (await client.dm(team, REQUESTER, "one", ts=new_ts()))[0] == 200
-            await poll(lambda: len(gemini.generate_requests()) == 1, "the first model call")
-            assert (await client.dm(team, REQUESTER, "two", ts=new_ts()))[0] == 200
-            await fake_slack.wait_for("chat.update", predicate=lambda c: text_of(c) == "first")
-            answers = [text_of(c) for c in fake_slack.calls_to("chat.update")]
-            assert answers.index("second") < answers.index("first")
+            yield SlackClient(http, svc, fake_slack)
     finally:
         await svc.stop()
+
+
+async def test_a_turn_waiting_on_the_model_gives_its_slot_to_the_next(
+    one_slot: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str
+) -> None:
+    gemini.script(text("first", delay=3), text("second"))
+    assert (await one_slot.dm(team, REQUESTER, "one", ts=new_ts()))[0] == 200
+    await poll(lambda: len(gemini.generate_requests()) == 1, "the first model call")
+    assert (await one_slot.dm(team, REQUESTER, "two", ts=new_ts()))[0] == 200
+    await fake_slack.wait_for("chat.update", predicate=lambda c: text_of(c) == "first")
+    answers = [text_of(c) for c in fake_slack.calls_to("chat.update")]
+    assert answers.index("second") < answers.index("first")
 
 
 async def test_a_turn_waiting_for_a_free_slot_shows_progress_at_once(
-    fake_slack: FakeSlack, gemini: FakeGemini, ledger: Path, bot_database: str, team: str
+    one_slot: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str
 ) -> None:
-    settings = bot_settings(fake_slack, gemini, DATABASE_URL=bot_database, MAX_CONCURRENT_TURNS=1)
-    svc = Service(settings, host="127.0.0.1")
-    await svc.start()
-    try:
-        async with aiohttp.ClientSession() as http:
-            client = SlackClient(http, svc, fake_slack)
-            gemini.script(text("first"), text("second"))
-            # The first turn keeps its slot while Slack makes it wait to post its answer.
-            fake_slack.fail_next("chat.update", status=429, retry_after=2)
-            first, second = new_ts(), new_ts()
-            assert (await client.dm(team, REQUESTER, "one", ts=first))[0] == 200
-            await fake_slack.wait_for("chat.update", include_injected=True)
-            assert (await client.dm(team, REQUESTER, "two", ts=second))[0] == 200
-            # The second thread shows progress while its turn waits for the only slot.
-            await fake_slack.wait_for("chat.postMessage", predicate=in_channel(DM, second))
-            assert len(gemini.generate_requests()) == 1
-            await fake_slack.wait_for("chat.update", predicate=lambda c: text_of(c) == "second")
-            answers = [text_of(c) for c in fake_slack.calls_to("chat.update") if not c.injected]
-            assert answers == ["first", "second"]  # in order, one at a time
-    finally:
-        await svc.stop()
+    gemini.script(text("first"), text("second"))
+    # The first turn keeps its slot while Slack makes it wait to post its answer.
+    fake_slack.fail_next("chat.update", status=429, retry_after=2)
+    first, second = new_ts(), new_ts()
+    assert (await one_slot.dm(team, REQUESTER, "one", ts=first))[0] == 200
+    await fake_slack.wait_for("chat.update", include_injected=True)
+    assert (await one_slot.dm(team, REQUESTER, "two", ts=second))[0] == 200
+    # The second thread shows progress while its turn waits for the only slot.
+    await fake_slack.wait_for("chat.postMessage", predicate=in_channel(DM, second))
+    assert len(gemini.generate_requests()) == 1
+    await fake_slack.wait_for("chat.update", predicate=lambda c: text_of(c) == "second")
+    answers = [text_of(c) for c in fake_slack.calls_to("chat.update") if not c.injected]
+    assert answers == ["first", "second"]  # in order, one at a time
 
 
 async def test_healthz(client: SlackClient) -> None:
