@@ -21,13 +21,15 @@ from storage.db import SessionFactory
 
 log = logging.getLogger(__name__)
 
+KEEP_SLOT_FOR = 0.05  # seconds a piece waits outside before its slot goes to the next
+
 
 class Background:
     """Work that runs after Slack's acknowledgement, served in order of arrival.
 
-    At most `limit` pieces work at once; a piece waiting on the model or a tool (see
-    agent.approval.outside) gives its slot up meanwhile and gets it back before anything that
-    came after it. So under a burst the earliest requests finish first, instead of all of
+    At most `limit` pieces work at once; a piece waiting on the model or a tool for more than
+    KEEP_SLOT_FOR (see agent.approval.outside) gives its slot up meanwhile and gets it back
+    before anything that came after it. So under a burst the earliest requests finish first, instead of all of
     them sharing the loop and finishing late together, and a click on an early card waits
     behind the messages that came before it rather than slowing them down. Work a piece
     spawns (a click's resume) keeps the piece's place in line. Fewer live turns also keep
@@ -100,10 +102,14 @@ class Background:
         """The slot is given up while any of the piece's tasks waits outside (a turn may call
         tools in parallel) and taken back, once, when the last of them returns."""
         work.away += 1
-        self._give(work)
+        # A wait that ends soon keeps the slot: a model call's own CPU work (building the
+        # request, parsing the answer) runs inside it, and a zero-latency model would
+        # otherwise let every queued turn start before any finished.
+        timer = asyncio.get_running_loop().call_later(KEEP_SLOT_FOR, self._give, work)
         try:
             yield
         finally:
+            timer.cancel()
             work.away -= 1
             async with work.returning:  # one return to the line at a time
                 if not (work.done or work.holding or work.away):
