@@ -130,3 +130,22 @@ async def test_parallel_waits_outside_take_the_slot_back_once() -> None:
         background.spawn(after(), name="after")
         await asyncio.wait_for(ran.wait(), timeout=5)
         assert await background.drain(5) == 0
+
+
+async def test_a_short_wait_outside_keeps_the_slot() -> None:
+    """A fast model call's own work (building the request, reading the answer) stays in line."""
+    background = Background(limit=1)
+    steps: list[str] = []
+
+    async def quick() -> None:
+        async with outside():
+            await asyncio.sleep(0)  # answered well within KEEP_SLOT_FOR
+        steps.append("quick: answered")
+
+    async def next_in_line() -> None:
+        steps.append("next")
+
+    background.spawn(quick(), name="quick")
+    background.spawn(next_in_line(), name="next")
+    assert await background.drain(5) == 0
+    assert steps == ["quick: answered", "next"]
