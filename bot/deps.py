@@ -29,11 +29,12 @@ class Background:
 
     At most `limit` pieces work at once; a piece waiting on the model or a tool for more than
     KEEP_SLOT_FOR (see agent.approval.outside) gives its slot up meanwhile and gets it back
-    before anything that came after it. So under a burst the earliest requests finish first, instead of all of
-    them sharing the loop and finishing late together, and a click on an early card waits
-    behind the messages that came before it rather than slowing them down. Work a piece
-    spawns (a click's resume) keeps the piece's place in line. Fewer live turns also keep
-    each garbage collection (which stops the loop, and Slack's acknowledgements) short.
+    before anything that came after it. So under a burst the earliest requests finish
+    first, instead of all of them sharing the loop and finishing late together, and a click
+    on an early card waits behind the messages that came before it rather than slowing them
+    down. Work a piece spawns (a click's resume) keeps the piece's place in line. Fewer live
+    turns also keep each garbage collection (which stops the loop, and Slack's
+    acknowledgements) short.
     """
 
     def __init__(self, limit: int) -> None:
