@@ -329,7 +329,7 @@ async def locate_with_policy(
     row = (await db.execute(LOCATED_WITH_POLICY, values)).first()
     if row is None:
         return None
-    stored = {k[len("policy_") :]: v for k, v in row._mapping.items() if k.startswith("policy_")}
+    stored = _prefixed(row, "policy_")
     policy = None if stored["team_id"] is None else ToolPolicy(**stored)
     return _located(row, skip="policy_"), policy
 
@@ -339,8 +339,13 @@ async def locate_turn(db: AsyncSession, turn_id: str) -> list[Located]:
     return [_located(row) for row in await db.execute(LOCATED_BY_TURN, {"turn_id": turn_id})]
 
 
+def _prefixed(row: sa.Row[Any], prefix: str) -> dict[str, Any]:
+    """The columns of another table joined into `row`, labelled `prefix` + name, by name."""
+    return {k[len(prefix) :]: v for k, v in row._mapping.items() if k.startswith(prefix)}
+
+
 def _located(row: sa.Row[Any], skip: str | None = None) -> Located:
-    """`skip`: a prefix of other columns in the row (a joined turn's)."""
+    """`skip`: the label prefix of another table's columns in the row (see `_prefixed`)."""
     values = {k: v for k, v in row._mapping.items() if skip is None or not k.startswith(skip)}
     channel, thread_ts = values.pop("thread_channel"), values.pop("thread_ts")
     return Located(Approval(**values), channel, thread_ts)
@@ -471,8 +476,7 @@ async def claim_turn(
     rows = cast(Sequence[sa.Row[Any]], (await db.execute(CLAIM_TURN_LOCATED, values)).all())
     if not rows:
         return None
-    first = rows[0]._mapping
-    turn = Turn(**{c.key: first[f"claimed_{c.key}"] for c in T.columns})
+    turn = Turn(**_prefixed(rows[0], "claimed_"))
     return turn, [_located(row, skip="claimed_") for row in rows]
 
 

@@ -82,11 +82,6 @@ async def later(steps: list[str]) -> None:
     steps.append("later")
 
 
-async def test_without_a_runner_waiting_outside_is_plain_waiting() -> None:
-    async with outside():
-        pass
-
-
 async def test_parallel_waits_outside_take_the_slot_back_once() -> None:
     """A turn may call tools in parallel: however their waits overlap, no slot is lost."""
     background = Background(limit=1)
