@@ -2,7 +2,8 @@
 
 Genkit re-creates middleware from its config on every generate call, so dependencies are
 closed over by a class built per application (`approval_middleware`), not passed to
-`__init__`. Per-turn facts (which workspace, who asked) travel in a ContextVar.
+`__init__`. Per-turn facts (which workspace, who asked) travel in a ContextVar, since
+Genkit calls the middleware with no handle of ours.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, assert_never
 
 from genkit import Part
 from genkit._ai._tools import Interrupt
@@ -29,9 +30,8 @@ from genkit.model import ModelResponse
 from pydantic import BaseModel
 
 from agent.policy import Policy, PolicyService
-from storage import approvals, audit
-from storage.db import SessionFactory, autocommit
-from storage.models import ApprovalStatus, Execution
+from storage.approval_store import ApprovalStore
+from storage.lifecycle import Approved, Finished, IllegalTransition, Started
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +53,6 @@ class TurnScope:
 
 
 current_scope: ContextVar[TurnScope | None] = ContextVar("greenlight_turn", default=None)
-
-# Set by whoever runs the turn (bot.deps.Background): the context a turn waits on the model
-# or a tool in, so that its runner can give the turn's place to other work meanwhile.
-waiting_outside: ContextVar[Callable[[], AbstractAsyncContextManager[None]] | None] = ContextVar(
-    "greenlight_waiting_outside", default=None
-)
-
-
-def outside() -> AbstractAsyncContextManager[None]:
-    """Wait on something outside this process (the model, a tool) in here."""
-    hook = waiting_outside.get()
-    return hook() if hook is not None else contextlib.nullcontext()
 
 
 def jsonable(value: Any) -> Any:
@@ -88,14 +76,22 @@ def stamp_refs(response: ModelResponse, new_id: Callable[[], str]) -> None:
         seen.add(request.ref)
 
 
+Outside = Callable[[], AbstractAsyncContextManager[None]]
+
+
 def approval_middleware(
     *,
-    sessions: SessionFactory,
+    store: ApprovalStore,
     policies: PolicyService,
     new_id: Callable[[], str],
     clock: Callable[[], datetime],
+    outside: Outside = contextlib.nullcontext,
 ) -> type[BaseMiddleware[Any]]:
-    """Build the middleware class bound to this application's database and policy."""
+    """Build the middleware class bound to this application's store and policy.
+
+    `outside`: entered around each wait on the model or a tool, so whoever runs the turn
+    (bot/background.py) can give the turn's place to other work meanwhile.
+    """
 
     async def run_approved(
         approval_id: str,
@@ -106,29 +102,15 @@ def approval_middleware(
             [ToolHookParams, GenerateMiddlewareContext], Awaitable[MultipartToolResponse]
         ],
     ) -> MultipartToolResponse:
-        """Run an approved call at most once: 'started' is committed before the tool runs."""
-        tool, ref = params.tool.name, params.tool_request_part.tool_request.ref  # type: ignore[union-attr]
-        async with autocommit(sessions) as db:  # committed, with its audit row, before the run
-            started = await approvals.start_execution(
-                db, approval_id, team_id=scope.team_id, tool=tool, ref=ref or "", now=clock()
+        """Run an approved call at most once: START_EXECUTION is committed before the tool
+        runs, and only its first caller runs it (storage/lifecycle.py)."""
+        tool, ref = params.tool.name, params.tool_request_part.tool_request.ref or ""  # type: ignore[union-attr]
+        try:
+            await store.start_execution(
+                approval_id, team_id=scope.team_id, tool=tool, ref=ref, now=clock()
             )
-            if started is None:
-                found = await approvals.locate(db, scope.team_id, approval_id)
-        if started is None:
-            row = found.approval if found is not None else None
-            if (
-                row is not None
-                and (row.tool, row.ref) == (tool, ref or "")
-                and row.status == ApprovalStatus.APPROVED
-            ):
-                # A second resume of a call that already ran (or died running): never rerun.
-                if row.execution == Execution.FINISHED:
-                    return MultipartToolResponse(output=row.output)
-                return MultipartToolResponse(output=UNKNOWN_OUTCOME)
-            log.warning(
-                "restart of %s carried approval %s that does not allow it", tool, approval_id
-            )
-            raise Interrupt({"why": f"{tool} needs approval (the approval given was not valid)"})
+        except IllegalTransition as refused:
+            return MultipartToolResponse(output=answer_from_record(refused, tool, ref))
         try:
             async with outside():
                 result = await next_fn(params, ctx)
@@ -137,17 +119,7 @@ def approval_middleware(
             log.exception("approved tool %s failed (approval %s)", tool, approval_id)
             output = {"ok": False, "error": f"the tool {tool} failed; it may need a retry"}
             result = MultipartToolResponse(output=output)
-        event = audit.entry(
-            team_id=scope.team_id,
-            at=clock(),
-            actor="greenlight",
-            action="executed",
-            tool=tool,
-            approval_id=approval_id,
-            output=output,
-        )
-        async with autocommit(sessions) as db:
-            await approvals.finish_execution(db, approval_id, output=output, event=event)
+        await store.finish_execution(approval_id, team_id=scope.team_id, output=output, now=clock())
         return result
 
     class GreenlightApproval(BaseMiddleware[Any]):
@@ -191,6 +163,33 @@ def approval_middleware(
             raise Interrupt({"why": policy.why})
 
     return GreenlightApproval
+
+
+def answer_from_record(refused: IllegalTransition, tool: str, ref: str) -> Any:
+    """What the model gets for a call whose execution gate refused it: a second resume of a
+    call that already ran (or died running) is answered from the record, never rerun; a
+    restart that no approval of this call allows is interrupted again."""
+    current = refused.current
+    if (
+        current is not None
+        and (current.request.tool, current.request.ref) == (tool, ref)
+        and isinstance(current.decision, Approved)
+        and isinstance(current.execution, Started | Finished)
+    ):
+        return recorded(current.execution)
+    log.warning("a restart of %s carried an approval that does not allow it: %s", tool, refused)
+    raise Interrupt({"why": f"{tool} needs approval (the approval given was not valid)"})
+
+
+def recorded(execution: Started | Finished) -> Any:
+    """A call that already ran (or died running) is answered with its record, never rerun."""
+    match execution:
+        case Finished(output=output):
+            return output
+        case Started():
+            return UNKNOWN_OUTCOME
+        case unreachable:
+            assert_never(unreachable)
 
 
 def interrupt_why(part: Part) -> str | None:

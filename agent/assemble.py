@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from genkit.exp import Genkit
 
-from agent.approval import approval_middleware
+from agent.approval import Outside, approval_middleware
 from agent.policy import PolicyDefaults, PolicyService
 from agent.runtime import AgentConfig, build_runtime
 from agent.workflow import Workflow
+from storage.approval_store import ApprovalStore
 from storage.db import SessionFactory
+from storage.policies import PolicyStore
 from storage.session_store import SqlSessionStore
 
 
@@ -34,13 +37,19 @@ def build_workflow(
     lease: timedelta = timedelta(minutes=2),
     turn_timeout: timedelta = timedelta(minutes=5),
     setup: Callable[[Genkit], None] | None = None,
+    outside: Outside = contextlib.nullcontext,
 ) -> Workflow:
+    """`outside`: the hook a turn waits on the model or a tool in (see agent/approval.py)."""
     tool_names: list[str] = []
     policies = PolicyService(
-        sessions, tools=lambda: tool_names, defaults=defaults or PolicyDefaults(), clock=clock
+        PolicyStore(sessions),
+        tools=lambda: tool_names,
+        defaults=defaults or PolicyDefaults(),
+        clock=clock,
     )
+    store = ApprovalStore(sessions)
     middleware = approval_middleware(
-        sessions=sessions, policies=policies, new_id=new_id, clock=clock
+        store=store, policies=policies, new_id=new_id, clock=clock, outside=outside
     )
     runtime = build_runtime(
         config, store=SqlSessionStore(sessions), middleware=middleware, setup=setup
@@ -48,7 +57,7 @@ def build_workflow(
     tool_names.extend(runtime.tools)
     return Workflow(
         runtime=runtime,
-        sessions=sessions,
+        store=store,
         policies=policies,
         clock=clock,
         new_id=new_id,

@@ -10,9 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from storage import audit, policies
-from storage.db import SessionFactory, autocommit
-from storage.models import ToolPolicy
+from storage.policies import PolicyStore, StoredPolicy
 
 
 class UnknownTool(ValueError):
@@ -74,31 +72,32 @@ def refusal(
     return None if facts.in_channel else "not_an_approver"
 
 
-def _from_row(tool: str, row: ToolPolicy | None, defaults: PolicyDefaults) -> Policy:
-    if row is None:
+def _effective(tool: str, stored: StoredPolicy | None, defaults: PolicyDefaults) -> Policy:
+    if stored is None:
         return Policy(tool=tool, allowed=False, channel=defaults.channel, timeout=defaults.timeout)
+    timeout = stored.timeout_seconds
     return Policy(
         tool=tool,
-        allowed=row.allowed,
-        channel=row.channel or defaults.channel,
-        approver_users=tuple(row.approver_users),
-        approver_groups=tuple(row.approver_groups),
-        timeout=timedelta(seconds=row.timeout_seconds) if row.timeout_seconds else defaults.timeout,
+        allowed=stored.allowed,
+        channel=stored.channel or defaults.channel,
+        approver_users=stored.approver_users,
+        approver_groups=stored.approver_groups,
+        timeout=timedelta(seconds=timeout) if timeout else defaults.timeout,
     )
 
 
 class PolicyService:
-    """Reads policy at call time (so changes apply to the next call) and audits every change."""
+    """Reads policy at call time (so changes apply to the next call); changes are audited."""
 
     def __init__(
         self,
-        sessions: SessionFactory,
+        store: PolicyStore,
         *,
         tools: Callable[[], Sequence[str]],
         defaults: PolicyDefaults,
         clock: Callable[[], datetime],
     ) -> None:
-        self._sessions = sessions
+        self._store = store
         self._tools = tools
         self._defaults = defaults
         self._clock = clock
@@ -107,39 +106,16 @@ class PolicyService:
         return sorted(self._tools())
 
     async def get(self, team_id: str, tool: str) -> Policy:
-        """The tool's policy as stored now."""
-        async with autocommit(self._sessions) as db:
-            return self.of(tool, await policies.get_policy(db, team_id, tool))
-
-    def of(self, tool: str, row: ToolPolicy | None) -> Policy:
-        """The policy a stored row (read with something else) gives, defaults applied."""
-        return _from_row(tool, row, self._defaults)
+        """The tool's policy as stored now, defaults applied."""
+        return _effective(tool, await self._store.get(team_id, tool), self._defaults)
 
     async def all(self, team_id: str) -> list[Policy]:
-        async with autocommit(self._sessions) as db:
-            rows = {row.tool: row for row in await policies.team_policies(db, team_id)}
-        return [_from_row(t, rows.get(t), self._defaults) for t in self.known_tools()]
+        stored = {p.tool: p for p in await self._store.all(team_id)}
+        return [_effective(t, stored.get(t), self._defaults) for t in self.known_tools()]
 
     async def change(self, team_id: str, tool: str, *, by: str, **changes: object) -> Policy:
         """Apply an admin's change; unknown tools are refused before anything is written."""
         if tool not in self._tools():
             raise UnknownTool(tool, self._tools())
-        now = self._clock()
-        async with self._sessions.begin() as db:
-            row = await policies.update_policy(db, team_id, tool, by=by, now=now, **changes)
-            await audit.record(
-                db,
-                audit.entry(
-                    team_id=team_id,
-                    at=now,
-                    actor=by,
-                    action="policy_changed",
-                    tool=tool,
-                    changes={k: _jsonable(v) for k, v in changes.items()},
-                ),
-            )
-            return _from_row(tool, row, self._defaults)
-
-
-def _jsonable(value: object) -> object:
-    return list(value) if isinstance(value, tuple | list | set | frozenset) else value
+        stored = await self._store.change(team_id, tool, by=by, now=self._clock(), changes=changes)
+        return _effective(tool, stored, self._defaults)

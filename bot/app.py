@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-from slack_bolt.async_app import AsyncApp
+from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from slack_bolt.response import BoltResponse
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
@@ -19,6 +20,8 @@ from bot import listeners
 from bot.deps import Deps
 
 log = logging.getLogger(__name__)
+
+Next = Callable[[], Awaitable[BoltResponse]]
 
 
 def web_client(token: str, api_url: str | None) -> AsyncWebClient:
@@ -83,5 +86,11 @@ def build_app(
         log.error("listener failed for a %s request", kind, exc_info=error)
         return None
 
-    listeners.register(app, deps)
+    @app.middleware
+    async def provide_deps(context: AsyncBoltContext, next_: Next) -> BoltResponse:
+        """Every listener gets `deps` by name, as Bolt passes what a request's context holds."""
+        context["deps"] = deps
+        return await next_()
+
+    listeners.register(app)
     return app

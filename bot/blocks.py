@@ -13,8 +13,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from agent.workflow import ApprovalInfo
-from storage.models import ApprovalStatus, Execution
+from agent.workflow import Approval, Approved, Denied, Expired, Finished, Started
 
 if TYPE_CHECKING:
     from agent.workflow import Busy
@@ -151,43 +150,52 @@ def _full_input(data: Mapping[str, Any]) -> Block:
     return _section(head + _clip(body, budget - len(note)) + tail + note)
 
 
-def decision_text(a: ApprovalInfo) -> str:
+def decision_text(a: Approval) -> str:
     """The card's closing line once the request is no longer pending."""
-    when = date(a.decided_at) if a.decided_at else "an unknown time"
-    if a.status == ApprovalStatus.APPROVED:
-        line = f"✅ Approved by {mention(a.decided_by)} at {when}"
-        if a.execution == Execution.FINISHED:
-            line += "\nRan."
-        elif a.outcome_unknown:
-            line += "\n" + UNKNOWN_OUTCOME
-        return line
-    if a.status == ApprovalStatus.DENIED:
-        reason = f": {_fit(a.reason, 1000)[0]}" if a.reason else ""
-        return f"❌ Denied by {mention(a.decided_by)} at {when}{reason}"
-    return f"⌛ Expired at {when} — the request was denied automatically"
+    match a.decision:
+        case Approved(by=by, at=at):
+            line = f"✅ Approved by {mention(by)} at {date(at)}"
+            if isinstance(a.execution, Finished):
+                line += "\nRan."
+            elif isinstance(a.execution, Started):
+                line += "\n" + UNKNOWN_OUTCOME
+            return line
+        case Denied(by=by, at=at, reason=reason):
+            why = f": {_fit(reason, 1000)[0]}" if reason else ""
+            return f"❌ Denied by {mention(by)} at {date(at)}{why}"
+        case Expired(at=at):
+            return f"⌛ Expired at {date(at)} — the request was denied automatically"
+        case None:
+            return "Waiting for a decision."
 
 
-def approval_card(a: ApprovalInfo, *, thread_link: str | None, now: datetime) -> Message:
-    """The approvers' card: what, who, why, until when; buttons only while still pending."""
-    pending = a.status == ApprovalStatus.PENDING
-    title = "Approval needed" if pending else a.status.value.capitalize()
-    header = _fit(f"{title}: {a.tool}", HEADER_MAX)[0]
-    who = f"*Requested by* {mention(a.requester)}"
+def approval_card(
+    a: Approval, *, description: str, thread_link: str | None, now: datetime
+) -> Message:
+    """The approvers' card: what, who, why, until when; buttons only while still pending.
+
+    `description`: the tool's own, so the approver knows what the call does.
+    """
+    r = a.request
+    pending = a.decision is None
+    title = "Approval needed" if pending else a.state.value.capitalize()
+    header = _fit(f"{title}: {r.tool}", HEADER_MAX)[0]
+    who = f"*Requested by* {mention(r.requester)}"
     if link := _link(thread_link, "View the conversation"):
         who += f"  ·  {link}"
     blocks: list[Block] = [
         {"type": "header", "text": {"type": "plain_text", "text": header}},
-        _section(who + (f"\n{_fit(a.description, 2000)[0]}" if a.description else "")),
+        _section(who + (f"\n{_fit(description, 2000)[0]}" if description else "")),
     ]
-    fields, shortened = _input_fields(a.input)
+    fields, shortened = _input_fields(r.input)
     blocks.append({"type": "section", "fields": fields} if fields else _section("_No input._"))
     if shortened:
-        blocks.append(_full_input(a.input))
-    if a.why:
-        blocks.append(_section(f"*Why approval is needed:* {_fit(a.why, 2000)[0]}"))
+        blocks.append(_full_input(r.input))
+    if r.why:
+        blocks.append(_section(f"*Why approval is needed:* {_fit(r.why, 2000)[0]}"))
     if pending:
-        verb = "Expired" if _utc(now) >= _utc(a.expires_at) else "Expires"
-        blocks.append(_context(f"Requested {date(a.requested_at)}  ·  {verb} {date(a.expires_at)}"))
+        verb = "Expired" if _utc(now) >= _utc(r.expires_at) else "Expires"
+        blocks.append(_context(f"Requested {date(r.requested_at)}  ·  {verb} {date(r.expires_at)}"))
         blocks.append(
             {
                 "type": "actions",
@@ -200,7 +208,7 @@ def approval_card(a: ApprovalInfo, *, thread_link: str | None, now: datetime) ->
         )
     else:
         blocks.append(_section(decision_text(a)))
-    return {"text": f"{title}: {escape(a.tool)}", "blocks": blocks}
+    return {"text": f"{title}: {escape(r.tool)}", "blocks": blocks}
 
 
 def _button(label: str, action_id: str, value: str, style: str) -> Block:
@@ -223,7 +231,7 @@ def _summary(data: Mapping[str, Any], limit: int = 120) -> str:
 
 
 def requester_note(
-    approvals: ApprovalInfo | Sequence[ApprovalInfo],
+    approvals: Approval | Sequence[Approval],
     *,
     card_link: str | None = None,
     card_links: Sequence[str | None] = (),
@@ -232,15 +240,17 @@ def requester_note(
 
     Takes one approval (with `card_link`) or all a turn stopped on (`card_links` in order).
     """
-    many = [approvals] if isinstance(approvals, ApprovalInfo) else list(approvals)
-    links = [card_link] if isinstance(approvals, ApprovalInfo) else list(card_links)
-    where = " and ".join(dict.fromkeys(_channel(a.card_channel) for a in many[:20]))
+    many = [approvals] if isinstance(approvals, Approval) else list(approvals)
+    links = [card_link] if isinstance(approvals, Approval) else list(card_links)
+    where = " and ".join(
+        dict.fromkeys(_channel(a.card.channel if a.card else None) for a in many[:20])
+    )
     items = []
     for i, a in enumerate(many[:20]):
         url = links[i] if i < len(links) else None
-        summary = f" ({s})" if (s := _summary(a.input)) else ""
+        summary = f" ({s})" if (s := _summary(a.request.input)) else ""
         link = _link(url, "see the request")
-        items.append((f"{_code(a.tool)}{summary}", f" ({link})" if link else ""))
+        items.append((f"{_code(a.request.tool)}{summary}", f" ({link})" if link else ""))
     if len(items) == 1:
         (what, link), done = items[0], "I'll continue here once someone decides."
         return {"text": f"I need approval to run {what}. I've asked in {where}{link} — {done}"}
@@ -268,7 +278,7 @@ def reply_message(text: str) -> Message:
 def busy_message(outcome: Busy) -> Message:
     """Answer to a message that arrives while the thread is already busy."""
     if outcome.waiting_on:
-        tools = ", ".join(dict.fromkeys(_code(a.tool) for a in outcome.waiting_on))
+        tools = ", ".join(dict.fromkeys(_code(a.request.tool) for a in outcome.waiting_on))
         return {"text": f"Still waiting for approval of {tools} — I'll continue when it's decided."}
     return {"text": "I'm still working on your previous message."}
 
@@ -279,24 +289,26 @@ def failure_message(retrying: bool) -> Message:
     return {"text": f"Sorry — something went wrong on my side, so I couldn't finish that. {then}"}
 
 
-def refusal_text(reason: str, a: ApprovalInfo | None) -> str:
+def refusal_text(reason: str, a: Approval | None) -> str:
     """Ephemeral answer to a click that changed nothing."""
     if reason == "self_approval":
         return "You asked for this, so someone else has to approve it."
     if reason == "not_an_approver":
-        tool = _code(a.tool) if a else "this tool"
+        tool = _code(a.request.tool) if a else "this tool"
         return f"You're not one of the approvers for {tool}. Ask someone on its approver list."
-    if reason == "already_decided" and a is not None:
-        when = date(a.decided_at) if a.decided_at else "an earlier time"
-        if a.status == ApprovalStatus.EXPIRED:
-            return f"Already expired at {when}."
-        return f"Already {a.status.value} by {mention(a.decided_by)} at {when}."
     if reason == "already_decided":
+        match a.decision if a else None:
+            case Expired(at=at):
+                return f"Already expired at {date(at)}."
+            case Approved(by=by, at=at):
+                return f"Already approved by {mention(by)} at {date(at)}."
+            case Denied(by=by, at=at):
+                return f"Already denied by {mention(by)} at {date(at)}."
         return "Someone already decided this request."
     return "I can't find that approval request any more."
 
 
-def deny_modal(a: ApprovalInfo) -> dict[str, Any]:
+def deny_modal(a: Approval) -> dict[str, Any]:
     """Ask for an optional reason; the approval id travels in private_metadata."""
     return {
         "type": "modal",
@@ -306,7 +318,7 @@ def deny_modal(a: ApprovalInfo) -> dict[str, Any]:
         "submit": {"type": "plain_text", "text": "Deny"},
         "close": {"type": "plain_text", "text": "Cancel"},
         "blocks": [
-            _section(f"Deny {_code(a.tool)} requested by {mention(a.requester)}?"),
+            _section(f"Deny {_code(a.request.tool)} requested by {mention(a.request.requester)}?"),
             {
                 "type": "input",
                 "block_id": "reason",

@@ -16,7 +16,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.workflow import (
-    ApprovalInfo,
+    Approval,
     AwaitingApproval,
     Busy,
     Failed,
@@ -74,7 +74,7 @@ class Delivery:
             await self.resumed(client, resumed)
 
     async def refresh_card(
-        self, client: AsyncWebClient, approval: ApprovalInfo, *, final: bool = False
+        self, client: AsyncWebClient, approval: Approval, *, final: bool = False
     ) -> None:
         """Redraw a card in place from the recorded state (decided cards lose their buttons).
 
@@ -86,13 +86,11 @@ class Delivery:
             approval = (
                 await self._workflow.approval(approval.thread.team_id, approval.id) or approval
             )
-        if approval.card_channel is None or approval.card_ts is None:
+        if approval.card is None or approval.card.ts is None:
             return
-        card = blocks.approval_card(
-            approval, thread_link=await self._permalink(client, approval.thread), now=self._clock()
-        )
+        card = self._card(approval, await self._permalink(client, approval.thread))
         try:
-            await client.chat_update(channel=approval.card_channel, ts=approval.card_ts, **card)
+            await client.chat_update(channel=approval.card.channel, ts=approval.card.ts, **card)
         except SlackApiError as exc:
             log.error("could not update card %s: %s", approval.id, exc.response.get("error"))
 
@@ -118,7 +116,7 @@ class Delivery:
             return None
 
     async def _post_cards(
-        self, client: AsyncWebClient, approvals: Sequence[ApprovalInfo]
+        self, client: AsyncWebClient, approvals: Sequence[Approval]
     ) -> dict[str, Any]:
         """Post one card per approval and return the note for the requester's thread."""
         links: list[str | None] = []
@@ -128,21 +126,28 @@ class Delivery:
         return blocks.requester_note(list(approvals), card_links=links)
 
     async def _post_card(
-        self, client: AsyncWebClient, approval: ApprovalInfo, thread_link: str | None
+        self, client: AsyncWebClient, approval: Approval, thread_link: str | None
     ) -> str | None:
-        if approval.card_channel is None:
-            log.error("no approver channel for %s: set APPROVER_CHANNEL or route it", approval.tool)
+        if approval.card is None:
+            tool = approval.request.tool
+            log.error("no approver channel for %s: set APPROVER_CHANNEL or route it", tool)
             return None
-        card = blocks.approval_card(approval, thread_link=thread_link, now=self._clock())
+        channel = approval.card.channel
         try:
-            posted = await client.chat_postMessage(channel=approval.card_channel, **card)
+            posted = await client.chat_postMessage(
+                channel=channel, **self._card(approval, thread_link)
+            )
         except SlackApiError as exc:
             log.error("could not post card %s: %s", approval.id, exc.response.get("error"))
             return None
-        await self._workflow.attach_card(
-            approval.id, channel=approval.card_channel, ts=str(posted["ts"])
+        await self._workflow.attach_card(approval.id, channel=channel, ts=str(posted["ts"]))
+        return await self._permalink(client, Thread("", channel, str(posted["ts"])))
+
+    def _card(self, approval: Approval, thread_link: str | None) -> dict[str, Any]:
+        description = self._workflow.describe(approval.request.tool)
+        return blocks.approval_card(
+            approval, description=description, thread_link=thread_link, now=self._clock()
         )
-        return await self._permalink(client, Thread("", approval.card_channel, str(posted["ts"])))
 
     def warm_link(self, client: AsyncWebClient, thread: Thread) -> None:
         """Start looking up the thread's link now, off the path of a card that may need it."""

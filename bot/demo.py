@@ -63,8 +63,9 @@ async def one_request(
     outcome: TurnOutcome = await workflow.start_turn(Thread(TEAM, "DDEMO", ts), EMPLOYEE, text)
     assert isinstance(outcome, AwaitingApproval), outcome
     approval = outcome.approvals[0]
-    card = blocks.approval_card(approval, thread_link=None, now=utc_now())
-    show(f"Approval card in #{approval.card_channel}", blocks.card_as_text(card))
+    description = workflow.describe(approval.request.tool)
+    card = blocks.approval_card(approval, description=description, thread_link=None, now=utc_now())
+    show(f"Approval card in #{CHANNEL}", blocks.card_as_text(card))
     verb = "Approve" if approve else "Deny" + (f' with reason "{reason}"' if reason else "")
     show(f"{APPROVER} (approver)", f"clicks {verb}")
     decided = await workflow.decide(
@@ -78,7 +79,9 @@ async def one_request(
     show(
         "Card, updated",
         blocks.card_as_text(
-            blocks.approval_card(decided.approval, thread_link=None, now=utc_now())
+            blocks.approval_card(
+                decided.approval, description=description, thread_link=None, now=utc_now()
+            )
         ),
     )
     resumed = await workflow.continue_turn(decided.turn_id)

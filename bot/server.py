@@ -20,11 +20,11 @@ from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.policy import PolicyDefaults
 from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig
 from bot.app import build_app
+from bot.background import Background
 from bot.delivery import Delivery
-from bot.deps import Background, Deps
+from bot.deps import Deps
 from bot.people import People
 from bot.settings import ConfigError, Settings
-from storage import events
 from storage.db import make_engine, make_session_factory
 from storage.migrate import upgrade
 
@@ -101,6 +101,7 @@ class Service:
         defaults = PolicyDefaults(
             channel=s.APPROVER_CHANNEL, timeout=timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS)
         )
+        background = Background(limit=s.MAX_CONCURRENT_TURNS)
         workflow = build_workflow(
             sessions,
             config,
@@ -108,14 +109,13 @@ class Service:
             clock=utc_now,
             new_id=new_uuid,
             lease=timedelta(seconds=s.RESUME_LEASE_SECONDS),
+            outside=background.outside,
         )
         self.deps = deps = Deps(
             workflow=workflow,
-            sessions=sessions,
             delivery=Delivery(workflow, clock=utc_now),
             people=People(admin_users=s.ADMIN_USERS, clock=utc_now),
-            clock=utc_now,
-            background=Background(limit=s.MAX_CONCURRENT_TURNS),
+            background=background,
         )
         assert s.SLACK_BOT_TOKEN is not None
         signing = s.SLACK_SIGNING_SECRET.get_secret_value() if s.SLACK_SIGNING_SECRET else None
@@ -185,8 +185,6 @@ class Service:
                         len(report.expired),
                     )
                 await self.deps.delivery.sweep(self.app.client, report)
-                async with self.deps.sessions.begin() as db:
-                    await events.forget_before(db, utc_now() - timedelta(days=1))
             except Exception:
                 log.exception("recovery sweep failed; trying again next interval")
             await asyncio.sleep(self.settings.RECOVERY_INTERVAL_SECONDS)

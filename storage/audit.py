@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from storage.models import AuditEvent
+from storage.lifecycle import AuditEntry
+from storage.models import AuditRow
 
-TABLE = cast(sa.Table, AuditEvent.__table__)
+TABLE = cast(sa.Table, AuditRow.__table__)
 INSERT = sa.insert(TABLE)
-ENTRY_KEYS = ("team_id", "at", "actor", "action", "tool", "approval_id", "detail")
+_RECENT = sa.select(TABLE).order_by(TABLE.c.at.desc(), TABLE.c.id.desc())
 
 
 def entry(
@@ -27,21 +26,33 @@ def entry(
     approval_id: str | None = None,
     **detail: Any,
 ) -> dict[str, Any]:
-    """One event as a row, for `record` or for a caller inserting it with other rows."""
-    values = (team_id, at, actor, action, tool, approval_id, detail)
-    return dict(zip(ENTRY_KEYS, values, strict=True))
-
-
-async def record(db: AsyncSession, event: dict[str, Any]) -> None:
-    """Append one `entry` in the caller's transaction: a prebuilt Core insert."""
-    await db.execute(INSERT, event)
+    """One event as a row, for inserting with the change it records."""
+    return {
+        "team_id": team_id,
+        "at": at,
+        "actor": actor,
+        "action": action,
+        "tool": tool,
+        "approval_id": approval_id,
+        "detail": detail,
+    }
 
 
 async def recent(
     db: AsyncSession, team_id: str, *, tool: str | None = None, limit: int = 20
-) -> Sequence[AuditEvent]:
-    query = select(AuditEvent).where(AuditEvent.team_id == team_id)
+) -> list[AuditEntry]:
+    query = _RECENT.where(TABLE.c.team_id == team_id)
     if tool is not None:
-        query = query.where(AuditEvent.tool == tool)
-    query = query.order_by(AuditEvent.at.desc(), AuditEvent.id.desc()).limit(limit)
-    return (await db.execute(query)).scalars().all()
+        query = query.where(TABLE.c.tool == tool)
+    rows = (await db.execute(query.limit(limit))).all()
+    return [
+        AuditEntry(
+            at=row.at,
+            actor=row.actor,
+            action=row.action,
+            tool=row.tool,
+            approval_id=row.approval_id,
+            detail=dict(row.detail),
+        )
+        for row in rows
+    ]

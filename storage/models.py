@@ -14,6 +14,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from storage.lifecycle import ApprovalState, ExecutionState, TurnState
+
 
 class UTCDateTime(TypeDecorator[datetime]):
     """Timezone-aware timestamps on every backend (SQLite forgets the zone otherwise)."""
@@ -42,28 +44,6 @@ class Base(DeclarativeBase):
 
 def _enum(cls: type[enum.Enum]) -> Enum:
     return Enum(cls, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e])
-
-
-class ApprovalStatus(enum.StrEnum):
-    PENDING = "pending"
-    APPROVED = "approved"
-    DENIED = "denied"
-    EXPIRED = "expired"
-
-
-class Execution(enum.StrEnum):
-    """Where an approved call got to: recorded around the tool so a recovery never reruns it."""
-
-    NOT_STARTED = "not_started"
-    STARTED = "started"
-    FINISHED = "finished"
-
-
-class TurnState(enum.StrEnum):
-    WAITING = "waiting"  # interrupts await decisions
-    RESUMING = "resuming"  # claimed by one process; lease_until says until when
-    DONE = "done"
-    FAILED = "failed"
 
 
 class SnapshotRow(Base):
@@ -100,7 +80,7 @@ class MessageRow(Base):
     data: Mapped[dict[str, Any]]
 
 
-class Conversation(Base):
+class ConversationRow(Base):
     """A Slack thread bound to one agent session."""
 
     __tablename__ = "conversations"
@@ -120,8 +100,8 @@ class Conversation(Base):
     )
 
 
-class Turn(Base):
-    """A turn paused on interrupts, from the interrupt to its resume."""
+class TurnRow(Base):
+    """A turn paused on interrupts, from the interrupt to its resume (storage/lifecycle.py)."""
 
     __tablename__ = "turns"
 
@@ -139,8 +119,8 @@ class Turn(Base):
     __table_args__ = (Index("ix_turns_state", "state", "lease_until"),)
 
 
-class Approval(Base):
-    """One interrupted tool call and its single decision."""
+class ApprovalRow(Base):
+    """One interrupted tool call: request, decision, execution and card (storage/lifecycle.py)."""
 
     __tablename__ = "approvals"
 
@@ -154,11 +134,11 @@ class Approval(Base):
     requested_at: Mapped[datetime]
     expires_at: Mapped[datetime]
     why: Mapped[str] = mapped_column(Text)
-    status: Mapped[ApprovalStatus] = mapped_column(_enum(ApprovalStatus))
+    status: Mapped[ApprovalState] = mapped_column(_enum(ApprovalState))
     decided_by: Mapped[str | None] = mapped_column(String(32))
     decided_at: Mapped[datetime | None]
     reason: Mapped[str | None] = mapped_column(Text)
-    execution: Mapped[Execution] = mapped_column(_enum(Execution))
+    execution: Mapped[ExecutionState] = mapped_column(_enum(ExecutionState))
     output: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     card_channel: Mapped[str | None] = mapped_column(String(32))
     card_ts: Mapped[str | None] = mapped_column(String(32))
@@ -166,7 +146,7 @@ class Approval(Base):
     __table_args__ = (Index("ix_approvals_status_expiry", "status", "expires_at"),)
 
 
-class ToolPolicy(Base):
+class PolicyRow(Base):
     """An admin's settings for one tool; absent fields fall back to configuration."""
 
     __tablename__ = "tool_policies"
@@ -182,7 +162,7 @@ class ToolPolicy(Base):
     updated_by: Mapped[str] = mapped_column(String(32))
 
 
-class AuditEvent(Base):
+class AuditRow(Base):
     """Append-only trail: requests, decisions, expiries, executions, policy changes."""
 
     __tablename__ = "audit_events"
@@ -199,7 +179,7 @@ class AuditEvent(Base):
     __table_args__ = (Index("ix_audit_team_at", "team_id", "at"),)
 
 
-class SeenEvent(Base):
+class SeenEventRow(Base):
     """Slack event ids already handled, so a retried delivery runs nothing twice."""
 
     __tablename__ = "seen_events"

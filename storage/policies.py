@@ -1,47 +1,87 @@
-"""Per-tool policy rows: read at every tool call, written by admins."""
+"""Per-tool policy rows: read at every tool call, changed by admins (with their audit row)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession
 
-from storage.models import ToolPolicy
+from storage import audit
+from storage.db import SessionFactory, autocommit
+from storage.models import PolicyRow
 
-_P = cast(sa.Table, ToolPolicy.__table__)
+_P = cast(sa.Table, PolicyRow.__table__)
+_TEAM = _P.c.team_id == sa.bindparam("team_id")
 # Read at every tool call: a prebuilt Core query, not the ORM's identity-map get.
-GET = sa.select(_P).where(
-    _P.c.team_id == sa.bindparam("team_id"), _P.c.tool == sa.bindparam("tool")
-)
+GET = sa.select(_P).where(_TEAM, _P.c.tool == sa.bindparam("tool"))
+ALL = sa.select(_P).where(_TEAM)
+CHANGEABLE = ("allowed", "channel", "approver_users", "approver_groups", "timeout_seconds")
 
 
-async def get_policy(db: AsyncSession, team_id: str, tool: str) -> ToolPolicy | None:
-    row = (await db.execute(GET, {"team_id": team_id, "tool": tool})).first()
-    return None if row is None else ToolPolicy(**row._mapping)
+@dataclass(frozen=True)
+class StoredPolicy:
+    """What an admin set for one tool; None and () mean "the configured default"."""
+
+    tool: str
+    allowed: bool = False
+    channel: str | None = None
+    approver_users: tuple[str, ...] = ()
+    approver_groups: tuple[str, ...] = ()
+    timeout_seconds: int | None = None
 
 
-async def team_policies(db: AsyncSession, team_id: str) -> Sequence[ToolPolicy]:
-    query = select(ToolPolicy).where(ToolPolicy.team_id == team_id)
-    return (await db.execute(query)).scalars().all()
+def _stored(row: sa.Row[Any] | PolicyRow) -> StoredPolicy:
+    return StoredPolicy(
+        tool=row.tool,
+        allowed=row.allowed,
+        channel=row.channel,
+        approver_users=tuple(row.approver_users),
+        approver_groups=tuple(row.approver_groups),
+        timeout_seconds=row.timeout_seconds,
+    )
 
 
-async def update_policy(
-    db: AsyncSession, team_id: str, tool: str, *, by: str, now: datetime, **changes: Any
-) -> ToolPolicy:
-    """Apply `changes` to the tool's row, creating it with defaults the first time."""
-    row = await db.get(ToolPolicy, (team_id, tool), with_for_update=True)
-    if row is None:
-        row = ToolPolicy(
-            team_id=team_id, tool=tool, allowed=False, approver_users=[], approver_groups=[]
-        )
-        db.add(row)
-    for key, value in changes.items():
-        setattr(row, key, value)
-    row.updated_at = now
-    row.updated_by = by
-    await db.flush()
-    return row
+class PolicyStore:
+    def __init__(self, sessions: SessionFactory) -> None:
+        self._sessions = sessions
+
+    async def get(self, team_id: str, tool: str) -> StoredPolicy | None:
+        async with autocommit(self._sessions) as db:
+            row = (await db.execute(GET, {"team_id": team_id, "tool": tool})).first()
+        return None if row is None else _stored(row)
+
+    async def all(self, team_id: str) -> list[StoredPolicy]:
+        async with autocommit(self._sessions) as db:
+            return [_stored(row) for row in await db.execute(ALL, {"team_id": team_id})]
+
+    async def change(
+        self, team_id: str, tool: str, *, by: str, now: datetime, changes: Mapping[str, Any]
+    ) -> StoredPolicy:
+        """Apply `changes` (fields of CHANGEABLE) to the tool's row, creating it the first
+        time, and audit them: one transaction."""
+        if unknown := set(changes) - set(CHANGEABLE):
+            raise ValueError(f"not policy fields: {sorted(unknown)}")
+        async with self._sessions.begin() as db:
+            row = await db.get(PolicyRow, (team_id, tool), with_for_update=True)
+            if row is None:
+                row = PolicyRow(
+                    team_id=team_id, tool=tool, allowed=False, approver_users=[], approver_groups=[]
+                )
+                db.add(row)
+            for key, value in changes.items():
+                setattr(row, key, list(value) if isinstance(value, tuple) else value)
+            row.updated_at = now
+            row.updated_by = by
+            event = audit.entry(
+                team_id=team_id,
+                at=now,
+                actor=by,
+                action="policy_changed",
+                tool=tool,
+                changes={k: list(v) if isinstance(v, tuple) else v for k, v in changes.items()},
+            )
+            await db.execute(audit.INSERT, event)
+            return _stored(row)

@@ -8,12 +8,12 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext
+from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.policy import ApproverFacts, Policy
-from agent.workflow import ApprovalInfo, DecisionRefused
+from agent.workflow import Approval, DecisionRefused
 from bot import blocks
 from bot.deps import Deps
 from bot.listeners.fields import obj, slack_id
@@ -39,12 +39,13 @@ def clicked(body: dict[str, Any]) -> tuple[str, str, str | None, str] | None:
 
 def facts_for(
     deps: Deps, client: AsyncWebClient, user: str, channel: str | None
-) -> Callable[[ApprovalInfo, Policy], Awaitable[ApproverFacts]]:
+) -> Callable[[Approval, Policy], Awaitable[ApproverFacts]]:
     """What Slack knows about the clicker, asked only once the workflow knows the request."""
 
-    async def facts(info: ApprovalInfo, policy: Policy) -> ApproverFacts:
+    async def facts(approval: Approval, policy: Policy) -> ApproverFacts:
+        card_channel = approval.card.channel if approval.card else None
         return await deps.people.approver_facts(
-            client, user, policy, clicked_in=channel, card_channel=info.card_channel
+            client, user, policy, clicked_in=channel, card_channel=card_channel
         )
 
     return facts
@@ -85,31 +86,36 @@ async def approve(
     await deps.delivery.refresh_card(client, decided.approval)
 
 
-def register(app: AsyncApp, deps: Deps) -> None:
-    @app.action("approve")
-    async def on_approve(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:
-        await ack()
-        parsed = clicked(body)
-        if parsed is None or context.client is None:
-            return
-        # In line with the turns: a click waits behind the messages that came before it.
-        deps.background.spawn(approve(deps, context.client, *parsed), name="approve")
+async def on_approve(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+) -> None:
+    await ack()
+    parsed = clicked(body)
+    if parsed is None:
+        return
+    # In line with the turns: a click waits behind the messages that came before it.
+    deps.background.spawn(approve(deps, client, *parsed), name="approve")
 
-    @app.action("deny")
-    async def on_deny(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:
-        await ack()
-        client = context.client
-        parsed = clicked(body)
-        trigger = body.get("trigger_id")
-        if parsed is None or client is None or not isinstance(trigger, str):
-            return
-        team, user, channel, approval_id = parsed
-        facts = facts_for(deps, client, user, channel)
-        try:
-            info = await deps.workflow.check_decider(team, approval_id, user, facts)
-        except DecisionRefused as refusal:
-            await refuse(deps, client, refusal, user=user, channel=channel)
-            return
-        view = blocks.deny_modal(info)
-        view["private_metadata"] = json.dumps({"approval_id": approval_id, "channel": channel})
-        await client.views_open(trigger_id=trigger, view=view)
+
+async def on_deny(ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps) -> None:
+    """Ask for a reason in a modal (bot/listeners/views.py records the denial)."""
+    await ack()
+    parsed = clicked(body)
+    trigger = body.get("trigger_id")
+    if parsed is None or not isinstance(trigger, str):
+        return
+    team, user, channel, approval_id = parsed
+    facts = facts_for(deps, client, user, channel)
+    try:
+        approval = await deps.workflow.check_decider(team, approval_id, user, facts)
+    except DecisionRefused as refusal:
+        await refuse(deps, client, refusal, user=user, channel=channel)
+        return
+    view = blocks.deny_modal(approval)
+    view["private_metadata"] = json.dumps({"approval_id": approval_id, "channel": channel})
+    await client.views_open(trigger_id=trigger, view=view)
+
+
+def register(app: AsyncApp) -> None:
+    app.action("approve")(on_approve)
+    app.action("deny")(on_deny)

@@ -1,15 +1,19 @@
 """`/approvals`: see and change tool policy, pending approvals and the audit trail.
 
 Replies are ephemeral. Changing subcommands are for ADMIN_USERS and workspace admins/owners.
+Each subcommand is a function of SUBCOMMANDS, returning the reply.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext
+from slack_bolt.async_app import AsyncAck, AsyncApp
+from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.policy import Policy, UnknownTool
 from bot.blocks import escape
@@ -37,6 +41,18 @@ UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 class Usage(ValueError):
     """A malformed command; the message tells the admin how to write it."""
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """One `/approvals …` as typed: who, where, the subcommand and its words."""
+
+    deps: Deps
+    client: AsyncWebClient
+    team: str
+    user: str
+    verb: str
+    args: list[str]
 
 
 def parse_duration(text: str) -> timedelta:
@@ -89,55 +105,77 @@ def policy_change(verb: str, args: list[str]) -> dict[str, Any]:
     return {"approver_users": users, "approver_groups": groups}
 
 
-def register(app: AsyncApp, deps: Deps) -> None:
-    workflow = deps.workflow
+async def change(c: Invocation) -> str:
+    if not c.args:
+        raise Usage(f"Usage: `/approvals {c.verb} <tool> …`")
+    if not await c.deps.people.is_admin(c.client, c.user):
+        return "Only workspace admins and Greenlight admins can change that."
+    changes = policy_change(c.verb, c.args[1:])
+    policy = await c.deps.workflow.policies.change(c.team, c.args[0], by=c.user, **changes)
+    return "Done.\n" + describe(policy)
 
-    @app.command("/approvals")
-    async def on_command(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:
-        team, user = body.get("team_id"), body.get("user_id")
-        words = str(body.get("text") or "").split()
-        if not slack_id(team) or not slack_id(user) or context.client is None:
-            await ack(text="I couldn't read that command.")
-            return
-        verb, args = (words[0].lower(), words[1:]) if words else ("help", [])
-        try:
-            if verb in CHANGING:
-                if not args:
-                    raise Usage(f"Usage: `/approvals {verb} <tool> …`")
-                if not await deps.people.is_admin(context.client, user):
-                    await ack(text="Only workspace admins and Greenlight admins can change that.")
-                    return
-                changes = policy_change(verb, args[1:])
-                policy = await workflow.policies.change(team, args[0], by=user, **changes)
-                await ack(text="Done.\n" + describe(policy))
-            elif verb == "list":
-                policies = await workflow.policies.all(team)
-                await ack(text="\n".join(describe(p) for p in policies) or "No tools are loaded.")
-            elif verb == "pending":
-                pending = await workflow.pending(team)
-                lines = [
-                    f"• `{a.tool}` for <@{a.requester}>, asked "
-                    f"<!date^{int(a.requested_at.timestamp())}^{{date_short_pretty}} {{time}}|"
-                    f"{a.requested_at:%Y-%m-%d %H:%M} UTC>"
-                    + (f" in <#{a.card_channel}>" if a.card_channel else "")
-                    for a in pending
-                ]
-                await ack(text="\n".join(lines) or "Nothing is waiting for approval.")
-            elif verb == "audit":
-                tool = args[0] if args else None
-                trail = await workflow.audit_trail(team, tool)
-                lines = [
-                    f"• {e.at:%Y-%m-%d %H:%M} {e.action} `{escape(e.tool or '-')}` by "
-                    + (f"<@{e.actor}>" if USER.match(f"<@{e.actor}>") else escape(e.actor))
-                    for e in trail
-                ]
-                await ack(text="\n".join(lines) or "The audit trail is empty.")
-            elif verb == "help":
-                await ack(text=HELP)
-            else:
-                await ack(text=f"I don't know `{escape(verb)}`.\n\n{HELP}")
-        except UnknownTool as exc:
-            known = ", ".join(f"`{t}`" for t in exc.known)
-            await ack(text=f"There is no tool `{escape(exc.tool)}`. Known tools: {known}")
-        except Usage as exc:
-            await ack(text=str(exc))
+
+async def list_tools(c: Invocation) -> str:
+    policies = await c.deps.workflow.policies.all(c.team)
+    return "\n".join(describe(p) for p in policies) or "No tools are loaded."
+
+
+async def list_pending(c: Invocation) -> str:
+    lines = []
+    for a in await c.deps.workflow.pending(c.team):
+        asked = a.request.requested_at
+        when = f"<!date^{int(asked.timestamp())}^{{date_short_pretty}} {{time}}|"
+        when += f"{asked:%Y-%m-%d %H:%M} UTC>"
+        where = f" in <#{a.card.channel}>" if a.card else ""
+        lines.append(f"• `{a.request.tool}` for <@{a.request.requester}>, asked {when}{where}")
+    return "\n".join(lines) or "Nothing is waiting for approval."
+
+
+async def audit_trail(c: Invocation) -> str:
+    trail = await c.deps.workflow.audit_trail(c.team, c.args[0] if c.args else None)
+    lines = [
+        f"• {e.at:%Y-%m-%d %H:%M} {e.action} `{escape(e.tool or '-')}` by "
+        + (f"<@{e.actor}>" if USER.match(f"<@{e.actor}>") else escape(e.actor))
+        for e in trail
+    ]
+    return "\n".join(lines) or "The audit trail is empty."
+
+
+async def show_help(c: Invocation) -> str:
+    return HELP
+
+
+SUBCOMMANDS: dict[str, Callable[[Invocation], Awaitable[str]]] = {
+    "list": list_tools,
+    "pending": list_pending,
+    "audit": audit_trail,
+    "help": show_help,
+    **dict.fromkeys(CHANGING, change),
+}
+
+
+async def on_command(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+) -> None:
+    team, user = body.get("team_id"), body.get("user_id")
+    words = str(body.get("text") or "").split()
+    if not slack_id(team) or not slack_id(user):
+        await ack(text="I couldn't read that command.")
+        return
+    verb, args = (words[0].lower(), words[1:]) if words else ("help", [])
+    subcommand = SUBCOMMANDS.get(verb)
+    if subcommand is None:
+        await ack(text=f"I don't know `{escape(verb)}`.\n\n{HELP}")
+        return
+    try:
+        reply = await subcommand(Invocation(deps, client, team, user, verb, args))
+    except UnknownTool as exc:
+        known = ", ".join(f"`{t}`" for t in exc.known)
+        reply = f"There is no tool `{escape(exc.tool)}`. Known tools: {known}"
+    except Usage as exc:
+        reply = str(exc)
+    await ack(text=reply)
+
+
+def register(app: AsyncApp) -> None:
+    app.command("/approvals")(on_command)

@@ -14,57 +14,64 @@ from agent.workflow import Thread
 from bot import blocks
 from bot.deps import Deps
 from bot.listeners.fields import message_ts, obj, slack_id
-from storage import events
-from storage.db import autocommit
 
 EVENT_ID = re.compile(r"Ev[A-Za-z0-9]{1,62}")
 STREAM_INTERVAL = 1.0  # seconds between placeholder updates: chat.update is rate limited
+HELLO = "Hi! Tell me what you need. Actions that need a human's approval will wait for one."
 
 
-def register(app: AsyncApp, deps: Deps) -> None:
-    async def handle(body: dict[str, Any], context: AsyncBoltContext, mention: bool) -> None:
-        event = obj(body.get("event"))
-        if event.get("subtype") or event.get("bot_id") or not slack_id(event.get("user")):
-            return  # edits, deletions, joins and other bots' messages are not requests
-        team = context.team_id or body.get("team_id")
-        channel, ts = event.get("channel"), event.get("ts")
-        thread_ts, text = event.get("thread_ts") or ts, event.get("text") or ""
-        if not (slack_id(team) and slack_id(channel) and message_ts(ts)):
-            return
-        if not (message_ts(thread_ts) and isinstance(text, str)):
-            return
-        bot_mention = f"<@{context.bot_user_id}>"
-        thread = Thread(team, channel, thread_ts)
-        # In channels the app_mention event handles mentions; other messages only continue
-        # threads the bot is already part of.
-        in_channel = not mention and event.get("channel_type") != "im"
-        if in_channel and (bot_mention in text or not await deps.workflow.knows(thread)):
-            return
-        event_id = body.get("event_id")
-        if not (isinstance(event_id, str) and EVENT_ID.fullmatch(event_id)):
-            return  # Slack always sends one; without it a retry could not be recognised
-        async with autocommit(deps.sessions) as db:
-            if not await events.first_delivery(db, event_id, now=deps.clock()):
-                return  # Slack's retry of an event already handled
-        text = re.sub(rf"{re.escape(bot_mention)}\s*", "", text).strip()
-        client = context.client
-        assert client is not None
-        # A turn that must wait for a free slot shows progress now; one that starts at once
-        # posts it itself, after its first query is on its way.
-        posting = None
-        if text and not deps.background.has_room():
-            thinking = blocks.thinking_message()
-            posting = asyncio.create_task(deps.delivery.say(client, thread, thinking))
-        turn = run_turn(deps, client, thread, event["user"], text, posting)
-        deps.background.spawn(turn, name="turn")
+async def on_mention(
+    body: dict[str, Any], context: AsyncBoltContext, client: AsyncWebClient, deps: Deps
+) -> None:
+    await handle(deps, client, body, context, mention=True)
 
-    @app.event("app_mention")
-    async def on_mention(body: dict[str, Any], context: AsyncBoltContext) -> None:
-        await handle(body, context, mention=True)
 
-    @app.event("message")
-    async def on_message(body: dict[str, Any], context: AsyncBoltContext) -> None:
-        await handle(body, context, mention=False)
+async def on_message(
+    body: dict[str, Any], context: AsyncBoltContext, client: AsyncWebClient, deps: Deps
+) -> None:
+    await handle(deps, client, body, context, mention=False)
+
+
+async def handle(
+    deps: Deps,
+    client: AsyncWebClient,
+    body: dict[str, Any],
+    context: AsyncBoltContext,
+    *,
+    mention: bool,
+) -> None:
+    """Start a turn for a message meant for the bot, once per Slack event."""
+    event = obj(body.get("event"))
+    if event.get("subtype") or event.get("bot_id") or not slack_id(event.get("user")):
+        return  # edits, deletions, joins and other bots' messages are not requests
+    team = context.team_id or body.get("team_id")
+    channel, ts = event.get("channel"), event.get("ts")
+    thread_ts, text = event.get("thread_ts") or ts, event.get("text") or ""
+    if not (slack_id(team) and slack_id(channel) and message_ts(ts)):
+        return
+    if not (message_ts(thread_ts) and isinstance(text, str)):
+        return
+    bot_mention = f"<@{context.bot_user_id}>"
+    thread = Thread(team, channel, thread_ts)
+    # In channels the app_mention event handles mentions; other messages only continue
+    # threads the bot is already part of.
+    in_channel = not mention and event.get("channel_type") != "im"
+    if in_channel and (bot_mention in text or not await deps.workflow.knows(thread)):
+        return
+    event_id = body.get("event_id")
+    if not (isinstance(event_id, str) and EVENT_ID.fullmatch(event_id)):
+        return  # Slack always sends one; without it a retry could not be recognised
+    if not await deps.workflow.accept_event(event_id):
+        return  # Slack's retry of an event already handled
+    text = re.sub(rf"{re.escape(bot_mention)}\s*", "", text).strip()
+    # A turn that must wait for a free slot shows progress now; one that starts at once
+    # posts it itself, after its first query is on its way.
+    posting = None
+    if text and not deps.background.has_room():
+        thinking = blocks.thinking_message()
+        posting = asyncio.create_task(deps.delivery.say(client, thread, thinking))
+    turn = run_turn(deps, client, thread, event["user"], text, posting)
+    deps.background.spawn(turn, name="turn")
 
 
 async def run_turn(
@@ -104,4 +111,6 @@ async def run_turn(
     await deps.delivery.outcome(client, outcome, placeholder=placeholder)
 
 
-HELLO = "Hi! Tell me what you need. Actions that need a human's approval will wait for one."
+def register(app: AsyncApp) -> None:
+    app.event("app_mention")(on_mention)
+    app.event("message")(on_message)

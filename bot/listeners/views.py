@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext
+from slack_bolt.async_app import AsyncAck, AsyncApp
+from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.workflow import DecisionRefused
 from bot import blocks
@@ -41,27 +42,30 @@ def submitted(body: dict[str, Any]) -> tuple[str, str, str | None, str, str | No
     return team, user, channel, approval_id, reason
 
 
-def register(app: AsyncApp, deps: Deps) -> None:
-    @app.view("deny_reason")
-    async def on_submit(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:
-        client = context.client
-        parsed = submitted(body)
-        if parsed is None or client is None:
-            await ack()
-            return
-        team, user, channel, approval_id, reason = parsed
-        facts = facts_for(deps, client, user, channel)
-        try:
-            decided = await deps.workflow.decide(
-                team, approval_id, user, approve=False, reason=reason, facts=facts
-            )
-        except DecisionRefused as refusal:
-            text = blocks.refusal_text(refusal.reason, refusal.approval)
-            await ack(response_action="errors", errors={"reason": text})
-            if refusal.approval is not None:
-                await deps.delivery.refresh_card(client, refusal.approval)
-            return
+async def on_deny_submitted(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+) -> None:
+    parsed = submitted(body)
+    if parsed is None:
         await ack()
-        if decided.turn_ready:  # first: the requester waits on it, the card can follow
-            resume_when_ready(deps, client, decided.turn_id)
-        await deps.delivery.refresh_card(client, decided.approval)
+        return
+    team, user, channel, approval_id, reason = parsed
+    facts = facts_for(deps, client, user, channel)
+    try:
+        decided = await deps.workflow.decide(
+            team, approval_id, user, approve=False, reason=reason, facts=facts
+        )
+    except DecisionRefused as refusal:
+        text = blocks.refusal_text(refusal.reason, refusal.approval)
+        await ack(response_action="errors", errors={"reason": text})
+        if refusal.approval is not None:
+            await deps.delivery.refresh_card(client, refusal.approval)
+        return
+    await ack()
+    if decided.turn_ready:  # first: the requester waits on it, the card can follow
+        resume_when_ready(deps, client, decided.turn_id)
+    await deps.delivery.refresh_card(client, decided.approval)
+
+
+def register(app: AsyncApp) -> None:
+    app.view("deny_reason")(on_deny_submitted)

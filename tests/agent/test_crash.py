@@ -25,15 +25,23 @@ from agent.approval import UNKNOWN_OUTCOME
 from agent.assemble import build_workflow, new_uuid
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import AwaitingApproval, Reply, Resumed, SweepReport, Thread, Workflow
+from agent.workflow import (
+    Approved,
+    AwaitingApproval,
+    Finished,
+    Reply,
+    Resumed,
+    Started,
+    SweepReport,
+    Thread,
+    Workflow,
+)
 from storage.db import SessionFactory
-from storage.models import ApprovalStatus, Execution
 from tests import ledger_tools
 from tests.agent import crash_worker
 from tests.agent.conftest import IN_CHANNEL, Clock, gemini_workflow
 from tests.conftest import pg_test_url
-from tests.fakes.gemini import FakeGemini, function_call
-from tests.fakes.gemini import text as gemini_text
+from tests.fakes.gemini import FakeGemini, function_call, text as gemini_text
 from tests.fakes.scripted_model import ScriptedModel, text, tool_responses
 
 REPO = Path(__file__).resolve().parents[2]
@@ -177,7 +185,7 @@ async def test_crash_after_the_decision_resumes_once(
     [response] = tool_responses(r.model.requests[-1])
     assert response["output"] == {"success": True, "transactionId": f"txn-{approval_id}"}
     [settled] = resumed.settled
-    assert (settled.id, settled.execution) == (approval_id, Execution.FINISHED)
+    assert settled.id == approval_id and isinstance(settled.execution, Finished)
     assert (await sweep(r.workflow, team)).resumed == ()
     assert await r.workflow.continue_turn(turn_id) is None
     assert len(transfers()) == 1
@@ -201,8 +209,8 @@ async def test_crash_while_the_tool_runs_reports_an_unknown_outcome(
     assert response["output"] == UNKNOWN_OUTCOME
     assert len(transfers()) == 1  # never run again
     [settled] = resumed.settled
-    assert settled.id == approval_id and settled.outcome_unknown
-    assert settled.status == ApprovalStatus.APPROVED
+    assert settled.id == approval_id and isinstance(settled.execution, Started)
+    assert isinstance(settled.decision, Approved)
     actions = [e.action for e in await r.workflow.audit_trail(team)]
     assert "execution_started" in actions and "executed" not in actions
 
@@ -223,7 +231,7 @@ async def test_crash_after_the_tool_finished_replays_the_recorded_output(
     assert response["output"] == {"success": True, "transactionId": f"txn-{entry['key']}"}
     assert len(transfers()) == 1
     [settled] = resumed.settled
-    assert settled.execution == Execution.FINISHED and not settled.outcome_unknown
+    assert isinstance(settled.execution, Finished)
 
 
 async def test_two_sweeps_racing_after_a_crash_resume_once(
@@ -251,7 +259,7 @@ async def test_real_gemini_plugin_interrupt_approve_and_resume(
         out = await workflow.start_turn(Thread(team, "D0GEM", "5.1"), "U_EMP", "send 500")
         assert isinstance(out, AwaitingApproval)
         [approval] = out.approvals
-        assert (approval.tool, approval.input) == ("transferMoney", transfer)
+        assert (approval.request.tool, approval.request.input) == ("transferMoney", transfer)
         assert gemini.function_responses() == [] and transfers() == []
 
         decided = await workflow.decide(team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL)

@@ -16,12 +16,11 @@ from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
 from agent.workflow import Failed, Reply, Thread, Workflow
 from storage.db import make_engine, make_session_factory
-from storage.models import Approval, Conversation, MessageRow, SnapshotRow
+from storage.models import ApprovalRow, ConversationRow, MessageRow, SnapshotRow
 from tests.agent.conftest import gemini_workflow
 from tests.conftest import pg_test_url
 from tests.fakes.gemini import FakeGemini, error, text
-from tests.fakes.scripted_model import ScriptedModel
-from tests.fakes.scripted_model import text as scripted_text
+from tests.fakes.scripted_model import ScriptedModel, text as scripted_text
 
 
 @pytest.fixture
@@ -99,14 +98,14 @@ async def test_connection_killed_mid_save_fails_cleanly_and_next_message_works(
     # The killed transaction left nothing; Genkit then recorded the turn as failed, whole.
     assert await snapshots(pg_engine, team) == {"failed": 1}
     await assert_every_snapshot_whole(pg_engine, team)
-    assert await count(pg_engine, Approval, team) == 0
+    assert await count(pg_engine, ApprovalRow, team) == 0
 
     model.script(scripted_text("second answer"))
     second = await workflow.start_turn(thread, "U_EMP", "hello again")
     assert second == Reply(thread, "second answer")
     assert await snapshots(pg_engine, team) == {"failed": 1, "completed": 1}
     await assert_every_snapshot_whole(pg_engine, team)
-    assert await count(pg_engine, Conversation, team) == 1
+    assert await count(pg_engine, ConversationRow, team) == 1
     # The next turn continued from before the failed one, not from its wreckage.
     [request] = model.requests[-1:]
     assert [m.content[0].text for m in request.messages if m.role == "user"] == ["hello again"]

@@ -9,8 +9,16 @@ import pytest
 from genkit.model import ModelRequest, ModelResponse
 
 from agent.policy import ApproverFacts
-from agent.workflow import AwaitingApproval, Busy, DecisionRefused, Reply
-from storage.models import ApprovalStatus, Execution
+from agent.workflow import (
+    Approved,
+    AwaitingApproval,
+    Busy,
+    DecisionRefused,
+    Expired,
+    Finished,
+    Reply,
+)
+from storage.lifecycle import ApprovalState
 from tests.agent.conftest import IN_CHANNEL, Harness
 from tests.conftest import poll
 from tests.fakes.scripted_model import calls, text, tool_responses
@@ -27,22 +35,23 @@ async def test_approve_runs_the_tool_once_with_the_requested_input(h: Harness) -
     out = await h.workflow.start_turn(h.thread(), "U_EMP", "send 500 to 12345")
     assert isinstance(out, AwaitingApproval)
     [approval] = out.approvals
-    assert (approval.tool, approval.input, approval.requester) == (
+    assert (approval.request.tool, approval.request.input, approval.request.requester) == (
         "transferMoney",
         TRANSFER,
         "U_EMP",
     )
-    assert approval.card_channel == "C0APPROVE" and "allow-list" in approval.why
+    assert approval.card is not None and approval.card.channel == "C0APPROVE"
+    assert "allow-list" in approval.request.why
     assert h.ledger() == []
 
     decided = await h.workflow.decide(h.team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL)
-    assert decided.turn_ready and decided.approval.status == ApprovalStatus.APPROVED
+    assert decided.turn_ready and isinstance(decided.approval.decision, Approved)
     resumed = await h.workflow.continue_turn(decided.turn_id)
     assert resumed is not None and isinstance(resumed.outcome, Reply)
     assert "'success': True" in resumed.outcome.text
     [entry] = h.ledger()
     assert (entry["amount"], entry["to"], entry["key"]) == (500, "12345", approval.id)
-    assert resumed.settled[0].execution == Execution.FINISHED
+    assert isinstance(resumed.settled[0].execution, Finished)
     assert await h.workflow.continue_turn(decided.turn_id) is None  # nothing left to resume
 
 
@@ -58,7 +67,7 @@ async def test_every_step_of_an_approval_is_audited_once(h_any: Harness) -> None
     with pytest.raises(DecisionRefused):  # a second decision writes no second row
         await h.workflow.decide(h.team, approval.id, "U_TWO", approve=True, facts=IN_CHANNEL)
     assert await h.workflow.continue_turn(decided.turn_id) is not None
-    trail = sorted(await h.workflow.audit_trail(h.team), key=lambda e: (e.at, e.id))
+    trail = list(reversed(await h.workflow.audit_trail(h.team)))  # oldest first
     assert [(e.action, e.actor, e.tool, e.approval_id) for e in trail] == [
         ("requested", "U_EMP", "transferMoney", approval.id),
         ("approved", "U_BOSS", "transferMoney", approval.id),
@@ -154,7 +163,7 @@ async def test_chained_interrupts_in_one_turn(h: Harness) -> None:
     resumed = await h.workflow.continue_turn(d.turn_id)
     assert resumed is not None and isinstance(resumed.outcome, AwaitingApproval)
     [second] = resumed.outcome.approvals
-    assert second.input == {"amount": 1, "toAccount": "fee"}
+    assert second.request.input == {"amount": 1, "toAccount": "fee"}
     d2 = await h.workflow.decide(h.team, second.id, "U_BOSS", approve=True, facts=IN_CHANNEL)
     final = await h.workflow.continue_turn(d2.turn_id)
     assert final is not None and isinstance(final.outcome, Reply)
@@ -176,7 +185,7 @@ async def test_self_approval_and_non_approvers_are_refused(h: Harness) -> None:
         await h.workflow.decide(h.team, aid, "U_RANDOM", approve=True, facts=IN_CHANNEL)
     assert outsider.value.reason == "not_an_approver"
     info = await h.workflow.approval(h.team, aid)
-    assert info is not None and info.status == ApprovalStatus.PENDING
+    assert info is not None and info.state == ApprovalState.PENDING
     member = ApproverFacts(groups=frozenset({"S_FIN"}))
     assert (await h.workflow.decide(h.team, aid, "U_FIN", approve=False, facts=member)).turn_ready
 
@@ -192,7 +201,8 @@ async def test_fifty_concurrent_approvals_execute_once(h: Harness) -> None:
             d = await h.workflow.decide(h.team, aid, f"U_APP{i}", approve=True, facts=IN_CHANNEL)
         except DecisionRefused as exc:
             assert exc.reason == "already_decided" and exc.approval is not None
-            return f"told:{exc.approval.decided_by}"
+            assert isinstance(exc.approval.decision, Approved)
+            return f"told:{exc.approval.decision.by}"
         resumed = await h.workflow.continue_turn(d.turn_id)
         assert resumed is not None
         return f"won:U_APP{i}"
@@ -287,7 +297,7 @@ async def test_a_click_after_the_deadline_expires_the_request_instead(h: Harness
             h.team, out.approvals[0].id, "U_BOSS", approve=True, facts=IN_CHANNEL
         )
     assert refused.value.approval is not None
-    assert refused.value.approval.status == ApprovalStatus.EXPIRED
+    assert isinstance(refused.value.approval.decision, Expired)
     [resumed] = (await h.workflow.sweep(h.team)).resumed
     assert isinstance(resumed.outcome, Reply)
     assert h.ledger() == []

@@ -27,7 +27,7 @@ from sqlalchemy.engine import make_url
 
 from bot.server import Service
 from bot.settings import Settings
-from storage.db import make_engine
+from storage.db import SessionFactory, make_engine, make_session_factory
 from storage.migrate import upgrade
 from tests.conftest import pg_test_url
 from tests.fakes import slack_payloads as sp
@@ -75,6 +75,14 @@ async def bot_database() -> AsyncIterator[str]:
         yield url
     finally:
         await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+async def bot_sessions(bot_database: str) -> AsyncIterator[SessionFactory]:
+    """The bot database, for tests that check what a request wrote (or did not)."""
+    engine = make_engine(bot_database)
+    yield make_session_factory(engine)
+    await engine.dispose()
 
 
 def bot_settings(slack: FakeSlack, gemini: FakeGemini, **overrides: Any) -> Settings:
@@ -202,7 +210,7 @@ class SlackClient:
             team,
             user,
             channel,
-            (approval.card_ts if approval else None) or "1700000000.000000",
+            (approval.card.ts if approval and approval.card else None) or "1700000000.000000",
             action,
             value,
             f"trigger-{next(_ts)}",

@@ -12,43 +12,69 @@ import pytest
 from slack_sdk.models.blocks import Block
 from slack_sdk.models.views import View
 
-from agent.workflow import ApprovalInfo, Busy, Thread
+from agent.workflow import (
+    Approval,
+    Approved,
+    Busy,
+    Card,
+    Denied,
+    Expired,
+    Finished,
+    NotStarted,
+    Request,
+    Started,
+    Thread,
+)
 from bot import blocks
-from storage.models import ApprovalStatus, Execution
 
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
 NASTY = "<!channel> <!here> <@U999> <!subteam^S1> & <https://evil.example|click>"
 CONTROL = re.compile(r"<[^>]*>")  # mentions, links, dates: anything Slack interprets
+REQUEST = Request(
+    tool="send_payment",
+    ref="ref-1",
+    input={"to": "ACME", "amount": 12},
+    requester="U111",
+    why="Moves money.",
+    requested_at=NOW,
+    expires_at=NOW + timedelta(hours=1),
+)
+DESCRIPTION = "Sends money to a vendor."
+DECIDED_AT = NOW + timedelta(minutes=5)
 
 
-def info(**over: Any) -> ApprovalInfo:
-    base: dict[str, Any] = dict(
-        id="ap-1",
+def info(
+    *,
+    id: str = "ap-1",
+    decision: Approved | Denied | Expired | None = None,
+    execution: NotStarted | Started | Finished | None = None,
+    card_channel: str = "C0APPROVE",
+    **request: Any,
+) -> Approval:
+    """A pending approval like the workflow hands out; `request` overrides REQUEST's fields."""
+    return Approval(
+        id=id,
         turn_id="turn-1",
         thread=Thread("T1", "D1", "1700000000.000100"),
-        tool="send_payment",
-        description="Sends money to a vendor.",
-        input={"to": "ACME", "amount": 12},
-        requester="U111",
-        requested_at=NOW,
-        expires_at=NOW + timedelta(hours=1),
-        why="Moves money.",
-        status=ApprovalStatus.PENDING,
-        decided_by=None,
-        decided_at=None,
-        reason=None,
-        execution=Execution.NOT_STARTED,
-        card_channel="C0APPROVE",
-        card_ts=None,
+        request=dataclasses.replace(REQUEST, **request),
+        decision=decision,
+        execution=execution or NotStarted(),
+        card=Card(card_channel),
     )
-    base.update(over)
-    known = {f.name for f in dataclasses.fields(ApprovalInfo)}
-    return ApprovalInfo(**{k: v for k, v in base.items() if k in known})
 
 
-def decided(status: ApprovalStatus, **over: Any) -> ApprovalInfo:
-    by = None if status == ApprovalStatus.EXPIRED else "U222"
-    return info(status=status, decided_by=by, decided_at=NOW + timedelta(minutes=5), **over)
+def decided(kind: str, *, reason: str | None = None, **over: Any) -> Approval:
+    decisions: dict[str, Approved | Denied | Expired] = {
+        "approved": Approved("U222", DECIDED_AT, reason),
+        "denied": Denied("U222", DECIDED_AT, reason),
+        "expired": Expired(DECIDED_AT),
+    }
+    return info(decision=decisions[kind], **over)
+
+
+def render(a: Approval, *, description: str = DESCRIPTION, **kw: Any) -> dict[str, Any]:
+    kw.setdefault("thread_link", None)
+    return blocks.approval_card(a, description=description, now=NOW, **kw)
 
 
 def strings(obj: Any) -> list[str]:
@@ -81,14 +107,15 @@ def validate(message: dict[str, Any]) -> None:
                 assert len(el["text"]) <= 3000
 
 
-def nasty_approval(**over: Any) -> ApprovalInfo:
-    return info(
-        tool="tool<!channel>",
-        description=f"desc {NASTY}",
-        input={f"key {NASTY}": f"value {NASTY}", "nested": {"x": [NASTY]}},
-        why=f"why {NASTY}",
-        **over,
-    )
+NASTY_REQUEST: dict[str, Any] = {
+    "tool": "tool<!channel>",
+    "input": {f"key {NASTY}": f"value {NASTY}", "nested": {"x": [NASTY]}},
+    "why": f"why {NASTY}",
+}
+
+
+def nasty_approval() -> Approval:
+    return info(**NASTY_REQUEST)
 
 
 @pytest.mark.parametrize("text", ["<!channel>", "<@U123>", "<!subteam^S1>", "a & b"])
@@ -99,40 +126,33 @@ def test_escape(text: str) -> None:
 
 
 def test_card_escapes_everything_untrusted() -> None:
-    card = blocks.approval_card(
-        nasty_approval(), thread_link="https://x.slack.com/a?b=1&c=2", now=NOW
+    shown = render(
+        nasty_approval(), description=f"desc {NASTY}", thread_link="https://x.slack.com/a?b=1&c=2"
     )
-    validate(card)
-    assert mentions(card) == {
+    validate(shown)
+    assert mentions(shown) == {
         "<@U111>",
         "<https://x.slack.com/a?b=1&amp;c=2|View the conversation>",
     }
-    assert "&lt;!channel&gt;" in json.dumps(card)
+    assert "&lt;!channel&gt;" in json.dumps(shown)
 
 
-@pytest.mark.parametrize("status", [ApprovalStatus.APPROVED, ApprovalStatus.DENIED])
-def test_decided_card_mentions_only_people(status: ApprovalStatus) -> None:
-    card = blocks.approval_card(
-        nasty_approval(**_decision(status), reason=NASTY), thread_link=None, now=NOW
-    )
-    validate(card)
-    assert mentions(card) == {"<@U111>", "<@U222>"}
-
-
-def _decision(status: ApprovalStatus) -> dict[str, Any]:
-    return {"status": status, "decided_by": "U222", "decided_at": NOW}
+@pytest.mark.parametrize("kind", ["approved", "denied"])
+def test_decided_card_mentions_only_people(kind: str) -> None:
+    shown = render(decided(kind, reason=NASTY, **NASTY_REQUEST), description=NASTY)
+    validate(shown)
+    assert mentions(shown) == {"<@U111>", "<@U222>"}
 
 
 def test_bad_ids_and_links_are_not_trusted() -> None:
     a = info(requester="<!channel>", card_channel="<!here>")
-    card = blocks.approval_card(a, thread_link="javascript:alert(1)|x", now=NOW)
-    assert mentions(card) == set()
+    assert mentions(render(a, thread_link="javascript:alert(1)|x")) == set()
     note = blocks.requester_note(a, card_link="https://evil|<!channel>")
     assert mentions(note) == set()
 
 
 def test_pending_card_layout() -> None:
-    card = blocks.approval_card(info(), thread_link="https://t.slack.com/p1", now=NOW)
+    card = render(info(), thread_link="https://t.slack.com/p1")
     validate(card)
     header, *_ = card["blocks"]
     assert header == {
@@ -153,7 +173,7 @@ def test_pending_card_layout() -> None:
 
 
 def test_long_value_is_shortened_and_full_json_shown() -> None:
-    card = blocks.approval_card(info(input={"body": "x" * 5000, "n": 1}), thread_link=None, now=NOW)
+    card = render(info(input={"body": "x" * 5000, "n": 1}))
     validate(card)
     fields = next(b["fields"] for b in card["blocks"] if "fields" in b)
     assert fields[0]["text"].endswith("…") and len(fields[0]["text"]) < 2000
@@ -167,7 +187,7 @@ def test_long_value_is_shortened_and_full_json_shown() -> None:
 
 def test_many_keys_are_summarised_with_full_json() -> None:
     data = {f"k{i}": i for i in range(15)}
-    card = blocks.approval_card(info(input=data), thread_link=None, now=NOW)
+    card = render(info(input=data))
     validate(card)
     fields = next(b["fields"] for b in card["blocks"] if "fields" in b)
     assert len(fields) == 10 and "6 more keys" in fields[-1]["text"]
@@ -183,10 +203,10 @@ def test_huge_input_respects_every_limit() -> None:
     big = "<!channel>&" * 10_000  # ~110 KB, escaping makes it longer still
     data: dict[str, Any] = {f"{'k' * 300}{i}": big for i in range(1000)}
     for a in (
-        info(input=data, tool="t" * 300, description=big, why=big),
-        decided(ApprovalStatus.DENIED, input=data, reason=big),
+        info(input=data, tool="t" * 300, why=big),
+        decided("denied", input=data, reason=big),
     ):
-        card = blocks.approval_card(a, thread_link=None, now=NOW)
+        card = render(a, description=big)
         validate(card)
         assert mentions(card) <= {"<@U111>", "<@U222>"}
         note = blocks.requester_note(a, card_link=None)
@@ -194,9 +214,7 @@ def test_huge_input_respects_every_limit() -> None:
 
 
 def test_full_json_cannot_close_the_code_block() -> None:
-    card = blocks.approval_card(
-        info(input={"a": "```<!here>```", "b": "y" * 400}), thread_link=None, now=NOW
-    )
+    card = render(info(input={"a": "```<!here>```", "b": "y" * 400}))
     full = next(
         b["text"]["text"]
         for b in card["blocks"]
@@ -207,31 +225,27 @@ def test_full_json_cannot_close_the_code_block() -> None:
 
 def test_decided_states_have_no_buttons() -> None:
     cases = {
-        ApprovalStatus.APPROVED: "✅ Approved by <@U222> at <!date^",
-        ApprovalStatus.DENIED: "❌ Denied by <@U222> at <!date^",
-        ApprovalStatus.EXPIRED: "⌛ Expired at <!date^",
+        "approved": "✅ Approved by <@U222> at <!date^",
+        "denied": "❌ Denied by <@U222> at <!date^",
+        "expired": "⌛ Expired at <!date^",
     }
     for status, start in cases.items():
-        card = blocks.approval_card(decided(status, reason="too pricey"), thread_link=None, now=NOW)
+        card = render(decided(status, reason="too pricey"))
         validate(card)
         assert all(b["type"] != "actions" for b in card["blocks"])
         last = card["blocks"][-1]["text"]["text"]
         assert last.startswith(start), last
-    denied = blocks.approval_card(
-        decided(ApprovalStatus.DENIED, reason="too pricey"), thread_link=None, now=NOW
-    )
+    denied = render(decided("denied", reason="too pricey"))
     assert denied["blocks"][-1]["text"]["text"].endswith(": too pricey")
-    expired = blocks.approval_card(decided(ApprovalStatus.EXPIRED), thread_link=None, now=NOW)
+    expired = render(decided("expired"))
     assert "denied automatically" in expired["blocks"][-1]["text"]["text"]
 
 
 def test_execution_state_on_approved_card() -> None:
-    ran = blocks.approval_card(
-        decided(ApprovalStatus.APPROVED, execution=Execution.FINISHED), thread_link=None, now=NOW
-    )
+    ran = render(decided("approved", execution=Finished({"ok": True})))
     assert ran["blocks"][-1]["text"]["text"].endswith("Ran.")
-    unknown = decided(ApprovalStatus.APPROVED, execution=Execution.STARTED)
-    text = blocks.approval_card(unknown, thread_link=None, now=NOW)["blocks"][-1]["text"]["text"]
+    unknown = decided("approved", execution=Started())
+    text = render(unknown)["blocks"][-1]["text"]["text"]
     assert "Outcome unknown" in text and "not run again" in text
 
 
@@ -250,7 +264,7 @@ def test_requester_note() -> None:
     many = blocks.requester_note(
         [
             a,
-            dataclasses.replace(a, id="ap-2", tool="delete_user", input={}, card_channel="C0OTHER"),
+            info(id="ap-2", tool="delete_user", input={}, card_channel="C0OTHER"),
         ],
         card_links=[None, "https://t.slack.com/y"],
     )
@@ -281,11 +295,9 @@ def test_busy_and_failure_messages() -> None:
 def test_refusal_text() -> None:
     assert "someone else" in blocks.refusal_text("self_approval", info())
     assert "`send_payment`" in blocks.refusal_text("not_an_approver", info())
-    text = blocks.refusal_text("already_decided", decided(ApprovalStatus.APPROVED))
+    text = blocks.refusal_text("already_decided", decided("approved"))
     assert text.startswith("Already approved by <@U222> at <!date^")
-    assert blocks.refusal_text("already_decided", decided(ApprovalStatus.EXPIRED)).startswith(
-        "Already expired"
-    )
+    assert blocks.refusal_text("already_decided", decided("expired")).startswith("Already expired")
     assert "can't find" in blocks.refusal_text("not_found", None)
 
 
@@ -304,14 +316,10 @@ def test_deny_modal_validates() -> None:
 
 def test_card_as_text() -> None:
     a = info(input={"to": "A & B <x>", "amount": 12})
-    text = blocks.card_as_text(
-        blocks.approval_card(a, thread_link="https://t.slack.com/p1", now=NOW)
-    )
+    text = blocks.card_as_text(render(a, thread_link="https://t.slack.com/p1"))
     assert "Approval needed: send_payment" in text
     assert "Requested by @U111" in text and "View the conversation (https://t.slack.com/p1)" in text
     assert "to: A & B <x>" in text and "amount: 12" in text
     assert "[ Approve ]  [ Deny ]" in text and "2025-03-04T13:00Z" in text
-    done = blocks.card_as_text(
-        blocks.approval_card(decided(ApprovalStatus.DENIED, reason="no"), thread_link=None, now=NOW)
-    )
+    done = blocks.card_as_text(render(decided("denied", reason="no")))
     assert "Denied by @U222" in done and "[ Approve ]" not in done

@@ -19,9 +19,11 @@ import aiohttp
 import pytest
 from sqlalchemy import func, select
 
+from agent.workflow import Approved
 from bot.server import Service
 from bot.settings import ConfigError
-from storage.models import ApprovalStatus, Conversation, SeenEvent
+from storage.db import SessionFactory
+from storage.models import ConversationRow, SeenEventRow
 from tests import ledger_tools
 from tests.bot.conftest import (
     ADMIN,
@@ -138,7 +140,7 @@ async def test_dm_to_card_to_approve_to_reply(
     ]
     assert "thread_ts" not in asked.card.args
     [pending] = await service.deps.workflow.pending(team)
-    assert pending.id == asked.approval_id and pending.requester == REQUESTER
+    assert pending.id == asked.approval_id and pending.request.requester == REQUESTER
     assert ledger_tools.entries() == []
 
     gemini.script(text("Sent 500 to 12345."))
@@ -148,8 +150,8 @@ async def test_dm_to_card_to_approve_to_reply(
     # The card is updated in place: same channel and ts, no buttons, says who approved.
     (update,) = await fake_slack.wait_for("chat.update", predicate=decided_card("Approved by"))
     info = await service.deps.workflow.approval(team, asked.approval_id)
-    assert info is not None and info.status == ApprovalStatus.APPROVED
-    assert update.args["ts"] == info.card_ts
+    assert info is not None and isinstance(info.decision, Approved)
+    assert info.card is not None and update.args["ts"] == info.card.ts
     assert all(b["type"] != "actions" for b in blocks_of(update))
     assert "Approved by <@UBOSS>" in json.dumps(blocks_of(update))
 
@@ -276,11 +278,13 @@ async def test_twenty_concurrent_approvals_run_the_tool_once(
     assert len(refused) == 19 and all("Already approved by" in text_of(c) for c in refused)
     assert service.deps is not None
     info = await service.deps.workflow.approval(team, asked.approval_id)
-    assert info is not None and info.decided_by in approvers
-    assert {c.args["user"] for c in refused} == set(approvers) - {info.decided_by}
-    assert info.card_ts is not None
-    final = json.dumps(fake_slack.messages[info.card_ts]["blocks"])
-    assert f"Approved by <@{info.decided_by}>" in final and '"actions"' not in final
+    assert info is not None and isinstance(info.decision, Approved)
+    decider = info.decision.by
+    assert decider in approvers
+    assert {c.args["user"] for c in refused} == set(approvers) - {decider}
+    assert info.card is not None and info.card.ts is not None
+    final = json.dumps(fake_slack.messages[info.card.ts]["blocks"])
+    assert f"Approved by <@{decider}>" in final and '"actions"' not in final
 
 
 # -- events ----------------------------------------------------------------------------------
@@ -415,6 +419,7 @@ async def test_forged_or_stale_requests_are_rejected_and_change_nothing(
     gemini: FakeGemini,
     team: str,
     service: Service,
+    bot_sessions: SessionFactory,
 ) -> None:
     event_id = f"Ev{team}"
     payload = sp.message_im_event(team, REQUESTER, DM, "send 500", new_ts(), event_id=event_id)
@@ -434,10 +439,9 @@ async def test_forged_or_stale_requests_are_rejected_and_change_nothing(
 
     await settle(service)
     assert fake_slack.calls == [] and gemini.requests == []
-    assert service.deps is not None
-    async with service.deps.sessions() as db:
-        assert await db.scalar(select(func.count()).where(Conversation.team_id == team)) == 0
-        seen = select(func.count()).where(SeenEvent.event_id == event_id)
+    async with bot_sessions() as db:
+        assert await db.scalar(select(func.count()).where(ConversationRow.team_id == team)) == 0
+        seen = select(func.count()).where(SeenEventRow.event_id == event_id)
         assert await db.scalar(seen) == 0
     _, listing = await client.command(team, REQUESTER, "list")
     assert "`getBalance` — needs approval" in listing

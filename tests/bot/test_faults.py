@@ -19,31 +19,28 @@ import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from dataclasses import field as dataclass_field
+from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, parse_qsl, urlencode
 
 import aiohttp
 import pytest
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 from sqlalchemy import func, select
 
+from agent.workflow import Denied
 from bot.listeners.commands import CHANGING
 from bot.server import Service
-from storage.db import make_engine, make_session_factory
+from storage.db import SessionFactory, make_engine, make_session_factory
+from storage.lifecycle import ApprovalState, ExecutionState, TurnState
 from storage.models import (
-    Approval,
-    ApprovalStatus,
-    AuditEvent,
-    Conversation,
-    Execution,
-    SeenEvent,
-    ToolPolicy,
-    Turn,
-    TurnState,
+    ApprovalRow,
+    AuditRow,
+    ConversationRow,
+    PolicyRow,
+    SeenEventRow,
+    TurnRow,
 )
 from tests import ledger_tools
 from tests.bot.conftest import (
@@ -110,12 +107,13 @@ async def test_a_card_is_posted_once_through_a_500_and_a_429(
     approval_id = button_value(card, "approve")
     assert service.deps is not None
     info = await service.deps.workflow.approval(team, approval_id)
-    assert info is not None and info.card_ts is not None and info.card_channel == APPROVERS
+    assert info is not None and info.card is not None and info.card.ts is not None
+    assert info.card.channel == APPROVERS
 
     gemini.script(text("Sent 500 to 12345."))
     assert (await client.click(team, BOSS, "approve", card))[0] == 200
     (update,) = await fake_slack.wait_for("chat.update", predicate=decided_card("Approved by"))
-    assert update.args["ts"] == info.card_ts  # the one card there is, updated in place
+    assert update.args["ts"] == info.card.ts  # the one card there is, updated in place
     reply = await reply_in_thread(fake_slack, ts)
     assert text_of(reply) == "Sent 500 to 12345."
     await settle(service)
@@ -130,15 +128,14 @@ async def test_a_card_is_posted_once_through_a_500_and_a_429(
 # -- 2. Forged, tampered and replayed requests -----------------------------------------------
 
 
-async def team_rows(service: Service, team: str, event_ids: list[str]) -> dict[str, int]:
+async def team_rows(sessions: SessionFactory, team: str, event_ids: list[str]) -> dict[str, int]:
     """Rows the team has in every table a Slack request can write to."""
-    assert service.deps is not None
     counts: dict[str, int] = {}
-    async with service.deps.sessions() as db:
-        for model in (Conversation, Approval, AuditEvent, ToolPolicy):
+    async with sessions() as db:
+        for model in (ConversationRow, ApprovalRow, AuditRow, PolicyRow):
             query = select(func.count()).select_from(model).where(model.team_id == team)
             counts[model.__tablename__] = await db.scalar(query) or 0
-        seen = select(func.count()).where(SeenEvent.event_id.in_(event_ids))
+        seen = select(func.count()).where(SeenEventRow.event_id.in_(event_ids))
         counts["seen_events"] = await db.scalar(seen) or 0
     return counts
 
@@ -151,7 +148,12 @@ async def post_raw(
 
 
 async def test_unsigned_tampered_and_replayed_requests_are_refused_and_change_nothing(
-    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    bot_sessions: SessionFactory,
 ) -> None:
     asked = await ask(client, fake_slack, gemini, team)
     await settle(service)
@@ -186,7 +188,7 @@ async def test_unsigned_tampered_and_replayed_requests_are_refused_and_change_no
             "trigger-forged",
         ),
     }
-    before = await team_rows(service, team, [event_id])
+    before = await team_rows(bot_sessions, team, [event_id])
     slack_calls, model_calls = len(fake_slack.calls), len(gemini.requests)
 
     stale = int(time.time()) - 5 * 60 - 30
@@ -224,10 +226,10 @@ async def test_unsigned_tampered_and_replayed_requests_are_refused_and_change_no
 
     await settle(service)
     assert len(fake_slack.calls) == slack_calls and len(gemini.requests) == model_calls
-    assert await team_rows(service, team, [event_id]) == before
+    assert await team_rows(bot_sessions, team, [event_id]) == before
     assert service.deps is not None
     info = await service.deps.workflow.approval(team, asked.approval_id)
-    assert info is not None and info.status == ApprovalStatus.PENDING
+    assert info is not None and info.state == ApprovalState.PENDING
     assert ledger_tools.entries() == []
 
     # The same requests, signed as Slack signs them, do act: what was refused was the forgery.
@@ -376,8 +378,8 @@ async def test_a_bot_killed_after_the_tool_ran_resumes_once_in_the_next_process(
                 await poll(lambda: len(ledger_tools.entries()) == 1, "the tool's ledger entry")
                 await poll(lambda: len(gemini.generate_requests()) == 2, "the model call after")
                 async with sessions() as db:
-                    row = await db.get_one(Approval, approval_id)
-                    assert (row.execution, row.output) == (Execution.FINISHED, output)
+                    row = await db.get_one(ApprovalRow, approval_id)
+                    assert (row.execution, row.output) == (ExecutionState.FINISHED, output)
                 assert await first.stop(signal.SIGKILL) == -signal.SIGKILL
             assert len(thread_posts(fake_slack, ts)) == 1  # just the placeholder: no reply yet
 
@@ -407,7 +409,7 @@ async def test_a_bot_killed_after_the_tool_ran_resumes_once_in_the_next_process(
         assert len(gemini.generate_requests()) == 3 and gemini.pending == 0
         assert len(thread_posts(fake_slack, ts)) == 2  # the placeholder, exactly one reply
         async with sessions() as db:
-            turn = await db.get_one(Turn, row.turn_id)
+            turn = await db.get_one(TurnRow, row.turn_id)
             assert turn.state == TurnState.DONE and turn.attempts == 2  # killed, then recovered
         assert "recovery sweep resumed 1 turn" in log and "Traceback" not in log, log
     finally:
@@ -522,7 +524,7 @@ class Snapshot:
     audit_events: int
     tool_policies: int
     cards: int
-    pending: ApprovalStatus | None
+    pending: ApprovalState | None
 
 
 @dataclass
@@ -531,6 +533,7 @@ class Fuzz:
 
     client: SlackClient
     service: Service
+    sessions: SessionFactory
     slack: FakeSlack
     gemini: FakeGemini
     team: str
@@ -539,20 +542,19 @@ class Fuzz:
     statuses: Counter[int] = dataclass_field(default_factory=Counter)
 
     async def snapshot(self) -> Snapshot:
-        assert self.service.deps is not None
-        async with self.service.deps.sessions() as db:
+        async with self.sessions() as db:
             approvals, audit_events, tool_policies = [
                 await db.scalar(select(func.count()).select_from(model)) or 0
-                for model in (Approval, AuditEvent, ToolPolicy)
+                for model in (ApprovalRow, AuditRow, PolicyRow)
             ]
-            status = await db.scalar(select(Approval.status).where(Approval.id == self.approval_id))
+            query = select(ApprovalRow.status).where(ApprovalRow.id == self.approval_id)
+            status = await db.scalar(query)
         cards = len([c for c in approver_posts(self.slack) if not c.injected])
         return Snapshot(approvals, audit_events, tool_policies, cards, status)
 
     async def conversations(self) -> int:
-        assert self.service.deps is not None
-        async with self.service.deps.sessions() as db:
-            return await db.scalar(select(func.count()).select_from(Conversation)) or 0
+        async with self.sessions() as db:
+            return await db.scalar(select(func.count()).select_from(ConversationRow)) or 0
 
     async def send(self, body: bytes, content_type: str, *, may_change: bool = False) -> str:
         """Post signed; check the answer, the service's health and (unless allowed) no change."""
@@ -578,13 +580,16 @@ async def fuzz(
     gemini: FakeGemini,
     team: str,
     service: Service,
+    bot_sessions: SessionFactory,
 ) -> AsyncIterator[Fuzz]:
     _, body = await client.command(team, ADMIN, "approvers transferMoney <@UBOSS>")
     assert body.startswith("Done.")
     asked = await ask(client, fake_slack, gemini, team)
     await settle(service)
     gemini.script(*[text("ok")] * 500)  # any message a fuzzed event gets through is answered
-    fuzz = Fuzz(client, service, fake_slack, gemini, team, asked.approval_id, asked.thread_ts)
+    fuzz = Fuzz(
+        client, service, bot_sessions, fake_slack, gemini, team, asked.approval_id, asked.thread_ts
+    )
     yield fuzz
     total = sum(fuzz.statuses.values())
     if request.node.name != "test_fuzzed_raw_bodies" and total >= FUZZ.max_examples:
@@ -864,9 +869,11 @@ async def test_fuzzed_deny_reasons_are_recorded_clipped_and_escaped(
 
     expected = reason.replace("\x00", "").strip()[:500] or None
     info = await service.deps.workflow.approval(team, button_value(card, "deny"))
-    assert info is not None and (info.status, info.reason) == (ApprovalStatus.DENIED, expected)
+    assert info is not None and isinstance(info.decision, Denied)
+    assert info.decision.reason == expected
     error = "denied by UBOSS" + (f": {expected}" if expected else "")
     assert gemini.function_responses()[-1]["response"]["content"] == {"ok": False, "error": error}
-    shown = json.dumps(fake_slack.messages[str(info.card_ts)]["blocks"])
+    assert info.card is not None
+    shown = json.dumps(fake_slack.messages[str(info.card.ts)]["blocks"])
     assert "<!channel>" not in shown and "<@U123>" not in shown
     assert ledger_tools.entries() == []

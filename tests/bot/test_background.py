@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agent.approval import outside
-from bot.deps import Background
+from bot.background import Background
 
 
 async def test_at_most_limit_pieces_run_at_once_and_the_rest_wait_in_order() -> None:
@@ -51,7 +50,7 @@ async def test_work_waiting_outside_gives_its_slot_up_and_gets_it_back_first() -
 
     async def first() -> None:
         steps.append("first: before the model")
-        async with outside():  # as the approval middleware waits on the model
+        async with background.outside():  # as the approval middleware waits on the model
             await second_started.wait()  # only possible if the slot was given up
             background.spawn(third(), name="third")
             model_answered.set()  # and, in the same step, back in line for a slot
@@ -90,7 +89,7 @@ async def test_parallel_waits_outside_take_the_slot_back_once() -> None:
     stragglers: list[asyncio.Task[None]] = []
 
     async def wait_outside(out: asyncio.Event, back: asyncio.Event) -> None:
-        async with outside():
+        async with background.outside():
             out.set()
             await back.wait()
 
@@ -133,7 +132,7 @@ async def test_a_short_wait_outside_keeps_the_slot() -> None:
     steps: list[str] = []
 
     async def quick() -> None:
-        async with outside():
+        async with background.outside():
             await asyncio.sleep(0)  # answered well within KEEP_SLOT_FOR
         steps.append("quick: answered")
 

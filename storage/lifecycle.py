@@ -1,0 +1,373 @@
+"""The approval lifecycle: every state, every allowed transition, what each requires and records.
+
+This file is the whole exactly-once design; it needs no database to read. Storage
+(storage/approval_store.py) builds each transition's conditional write from TRANSITIONS,
+so the conditions live here and nowhere else.
+
+States
+    approval   pending -> approved | denied | expired      decided once, never changed
+    execution  not_started -> started -> finished           of an approved call only
+    turn       waiting -> resuming -> done | failed         a turn paused on interrupts
+               resuming -> resuming                         lease renewed, or taken over
+
+Why an approved call runs at most once
+    1. A decision leaves only `pending`, as one conditional write: of two clicks (or a
+       click and Slack's retry, or two replicas) exactly one finds the row pending.
+    2. A turn is resumed only by whoever CLAIMs it, and only once no approval of it is
+       pending: one resume answers every interrupt (Genkit fails a partial one after
+       running the approved tools in it). A claim holds a lease; a process that dies
+       leaves the lease to run out, and then another CLAIMs it (recovery). Each claim
+       bumps the turn's attempt number; RENEW and COMPLETE require the caller's own claim,
+       so a resume that lost its lease changes nothing.
+    3. The tool runs only after START_EXECUTION (not_started -> started, of an approved
+       call) is committed; FINISH_EXECUTION records its output. A later resume of the same
+       turn (recovery) answers a finished call with its recorded output and a started one
+       with "outcome unknown": it never runs a call twice (agent/workflow.py `resume_parts`).
+    4. A resume's restart parts are built from the stored request, never from a button.
+    5. The tool gets the approval id as an idempotency key for the systems it calls.
+
+A conversation (a Slack thread) is held by one turn at a time: storage claims the thread
+for a turn (busy until it ends, or until its time runs out) and keeps it while that turn
+waits on approvals, so a second message never forks the agent's session.
+
+Adding a state (quorum, escalation, an answered question, an edited approval) is a change
+to the enums and TRANSITIONS below: storage derives its writes from them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+
+class ApprovalState(enum.StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+
+
+class ExecutionState(enum.StrEnum):
+    NOT_STARTED = "not_started"
+    STARTED = "started"
+    FINISHED = "finished"
+
+
+class TurnState(enum.StrEnum):
+    WAITING = "waiting"  # interrupts await decisions
+    RESUMING = "resuming"  # claimed by one process until its lease runs out
+    DONE = "done"
+    FAILED = "failed"
+
+
+State = ApprovalState | ExecutionState | TurnState
+
+
+class Subject(enum.StrEnum):
+    """What a transition moves: an approval's decision, its execution, or a paused turn."""
+
+    APPROVAL = "approval"
+    EXECUTION = "execution"
+    TURN = "turn"
+
+
+class Requirement(enum.StrEnum):
+    """A condition besides the state; storage holds each one's SQL (and tests that it does)."""
+
+    BEFORE_DEADLINE = "the approval's deadline has not passed"
+    PAST_DEADLINE = "the approval's deadline has passed"
+    APPROVED = "the approval is approved"
+    SAME_CALL = "the call's tool and ref are the approval's"
+    ALL_DECIDED = "no approval of the turn is pending"
+    LEASE_RAN_OUT = "the resume's lease has run out"
+    OWN_CLAIM = "nobody has claimed the turn since the caller did"
+
+
+@dataclass(frozen=True)
+class Audit:
+    """The audit row a transition appends, in the same transaction as the change.
+
+    `actor`: who the row names (the approval's decider or requester, or Greenlight itself);
+    `detail`: the approval's fields it copies (input, why, reason, output).
+    """
+
+    action: str
+    actor: Literal["decider", "requester", "greenlight"]
+    detail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)  # each transition is one object: compared by identity
+class Transition:
+    """One allowed change: the states it may leave (each with what else it requires from
+    there), the state it enters, what it requires from any state, what it records."""
+
+    name: str
+    subject: Subject
+    leaves: Mapping[State | None, tuple[Requirement, ...]]  # None: the row is created
+    enters: State
+    requires: tuple[Requirement, ...] = ()
+    audit: Audit | None = None
+
+    def requirements(self, state: State | None) -> tuple[Requirement, ...]:
+        return (*self.requires, *self.leaves.get(state, ()))
+
+    def check(self, state: State | None, holds: Mapping[Requirement, bool]) -> State:
+        """The state this transition enters from `state`, given which requirements hold;
+        IllegalTransition when it may not happen."""
+        if state not in self.leaves:
+            raise IllegalTransition(self, state)
+        unmet = tuple(r for r in self.requirements(state) if not holds.get(r, False))
+        if unmet:
+            raise IllegalTransition(self, state, unmet)
+        return self.enters
+
+
+A, E, T = ApprovalState, ExecutionState, TurnState
+R = Requirement
+
+PAUSE = Transition("pause", Subject.TURN, {None: ()}, T.WAITING)
+REQUEST = Transition(
+    "request",
+    Subject.APPROVAL,
+    {None: ()},
+    A.PENDING,
+    audit=Audit("requested", "requester", ("input", "why")),
+)
+APPROVE = Transition(
+    "approve",
+    Subject.APPROVAL,
+    {A.PENDING: ()},
+    A.APPROVED,
+    requires=(R.BEFORE_DEADLINE,),
+    audit=Audit("approved", "decider", ("input", "reason")),
+)
+DENY = Transition(
+    "deny",
+    Subject.APPROVAL,
+    {A.PENDING: ()},
+    A.DENIED,
+    requires=(R.BEFORE_DEADLINE,),
+    audit=Audit("denied", "decider", ("input", "reason")),
+)
+EXPIRE = Transition(
+    "expire",
+    Subject.APPROVAL,
+    {A.PENDING: ()},
+    A.EXPIRED,
+    requires=(R.PAST_DEADLINE,),
+    audit=Audit("expired", "greenlight", ("input",)),
+)
+START_EXECUTION = Transition(
+    "start execution",
+    Subject.EXECUTION,
+    {E.NOT_STARTED: ()},
+    E.STARTED,
+    requires=(R.APPROVED, R.SAME_CALL),
+    audit=Audit("execution_started", "decider", ("input",)),
+)
+FINISH_EXECUTION = Transition(
+    "finish execution",
+    Subject.EXECUTION,
+    {E.STARTED: ()},
+    E.FINISHED,
+    audit=Audit("executed", "greenlight", ("output",)),
+)
+CLAIM = Transition(
+    "claim",
+    Subject.TURN,
+    {T.WAITING: (), T.RESUMING: (R.LEASE_RAN_OUT,)},
+    T.RESUMING,
+    requires=(R.ALL_DECIDED,),
+)
+RENEW = Transition("renew", Subject.TURN, {T.RESUMING: ()}, T.RESUMING, requires=(R.OWN_CLAIM,))
+COMPLETE = Transition("complete", Subject.TURN, {T.RESUMING: ()}, T.DONE, requires=(R.OWN_CLAIM,))
+GIVE_UP = Transition("give up", Subject.TURN, {T.RESUMING: ()}, T.FAILED, requires=(R.OWN_CLAIM,))
+
+TRANSITIONS = (
+    PAUSE,
+    REQUEST,
+    APPROVE,
+    DENY,
+    EXPIRE,
+    START_EXECUTION,
+    FINISH_EXECUTION,
+    CLAIM,
+    RENEW,
+    COMPLETE,
+    GIVE_UP,
+)
+STATES: Mapping[Subject, type[State]] = {
+    Subject.APPROVAL: ApprovalState,
+    Subject.EXECUTION: ExecutionState,
+    Subject.TURN: TurnState,
+}
+
+
+# -- values: what an approval is at each point, as the workflow and the transport see it ------
+
+
+@dataclass(frozen=True)
+class Thread:
+    """Where a conversation lives; the transport maps it to a Slack thread."""
+
+    team_id: str
+    channel_id: str
+    thread_ts: str
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the agent asked to run, for whom, why, and until when a human may decide."""
+
+    tool: str
+    ref: str  # Genkit matches a resume's answers to tool requests by (tool, ref)
+    input: dict[str, Any]
+    requester: str
+    why: str
+    requested_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Approved:
+    by: str
+    at: datetime
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Denied:
+    by: str
+    at: datetime
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Expired:
+    at: datetime
+
+
+Decision = Approved | Denied | Expired
+
+
+@dataclass(frozen=True)
+class NotStarted:
+    pass
+
+
+@dataclass(frozen=True)
+class Started:
+    """The call began and its end was never recorded: its outcome is unknown."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    output: Any  # the tool's output as JSON, replayed to the model by a later resume
+
+
+Execution = NotStarted | Started | Finished
+
+
+@dataclass(frozen=True)
+class Card:
+    """Where the approvers' card goes (chosen at request time) and, once posted, its ts."""
+
+    channel: str
+    ts: str | None = None
+
+
+@dataclass(frozen=True)
+class Approval:
+    """One interrupted tool call: the request, its single decision, its execution, its card."""
+
+    id: str
+    turn_id: str
+    thread: Thread
+    request: Request
+    decision: Decision | None = None
+    execution: Execution = field(default_factory=NotStarted)
+    card: Card | None = None
+
+    @property
+    def state(self) -> ApprovalState:
+        match self.decision:
+            case None:
+                return A.PENDING
+            case Approved():
+                return A.APPROVED
+            case Denied():
+                return A.DENIED
+            case Expired():
+                return A.EXPIRED
+
+    @property
+    def execution_state(self) -> ExecutionState:
+        match self.execution:
+            case NotStarted():
+                return E.NOT_STARTED
+            case Started():
+                return E.STARTED
+            case Finished():
+                return E.FINISHED
+
+
+@dataclass(frozen=True)
+class PausedTurn:
+    """A turn stopped on interrupts: the Genkit snapshot a resume continues from."""
+
+    id: str
+    conversation_id: str
+    thread: Thread
+    session_id: str
+    snapshot_id: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The right to resume one turn: held by whoever CLAIMed it, until its lease runs out or
+    a later claim (attempt) replaces it."""
+
+    turn_id: str
+    conversation_id: str
+    thread: Thread
+    snapshot_id: str
+    attempt: int
+    approvals: tuple[Approval, ...]
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One row of the append-only audit trail."""
+
+    at: datetime
+    actor: str
+    action: str
+    tool: str | None
+    approval_id: str | None
+    detail: dict[str, Any]
+
+
+class IllegalTransition(Exception):
+    """A transition its subject's state (or a requirement) does not allow; nothing changed.
+
+    `current`: the approval as it is now, when storage read it to explain the refusal.
+    """
+
+    def __init__(
+        self,
+        transition: Transition,
+        state: State | None,
+        unmet: tuple[Requirement, ...] = (),
+        *,
+        current: Approval | None = None,
+    ) -> None:
+        why = "; ".join(unmet) if unmet else f"the {transition.subject} is {state or 'absent'}"
+        super().__init__(f"{transition.name} refused: {why}")
+        self.transition = transition
+        self.state = state
+        self.unmet = unmet
+        self.current = current
