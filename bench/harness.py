@@ -30,8 +30,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from tests.fakes import gemini as fg
-from tests.fakes import slack_payloads as sp
+from tests.fakes import gemini as fg, slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, RecordedRequest
 from tests.fakes.slack_api import FakeSlack
 

@@ -32,12 +32,11 @@ from genkit.exp import AgentFinishReason, Genkit, InMemorySessionStore
 from genkit.model import ModelRequest, ModelResponse
 from genkit_middleware import ToolApproval
 
-from agent.assemble import build_workflow, utc_now
+from agent.assemble import build_workflow
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
 from agent.workflow import AwaitingApproval, Thread
 from bench.database import temporary_database
-from storage import events
 from storage.db import make_engine, make_session_factory
 from tests.fakes import scripted_model as sm
 
@@ -104,8 +103,7 @@ async def run(database_url: str | None = None, n: int = 200) -> dict[str, Any]:
         sample = (await paused(-100)).approvals[0]
 
         async def seen_event(i: int) -> None:
-            async with sessions.begin() as db:
-                await events.first_delivery(db, f"Ev{run_id}{i}", now=utc_now())
+            await workflow.accept_event(f"Ev{run_id}{i}")
 
         async def approval(i: int) -> None:
             await workflow.approval(TEAM, sample.id)
@@ -122,7 +120,7 @@ async def run(database_url: str | None = None, n: int = 200) -> dict[str, Any]:
 
         steps: dict[str, Callable[[int], Awaitable[Any]]] = {
             "engine.connect + SELECT 1 (the floor)": select_1,
-            "events.first_delivery (dedup insert)": seen_event,
+            "workflow.accept_event (dedup insert)": seen_event,
             "workflow.approval (approval + turn + conversation)": approval,
             "policies.get": policy,
             "workflow.attach_card": attach,
