@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -31,7 +31,7 @@ from pydantic import BaseModel
 
 from agent.policy import Policy, PolicyService
 from storage.approval_store import ApprovalStore
-from storage.lifecycle import Approved, Finished, IllegalTransition, Started
+from storage.lifecycle import Approval, Approved, Finished, IllegalTransition, Started
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,8 @@ UNKNOWN_OUTCOME = {
 class TurnScope:
     team_id: str
     requester: str
+    # A resume's approvals, as claimed: the only ones a restart of this turn may carry.
+    approvals: Mapping[str, Approval] = field(default_factory=dict)
     # Policies as read at this turn's tool calls, so pausing needs no second read.
     policies: dict[str, Policy] = field(default_factory=dict)
 
@@ -105,12 +107,14 @@ def approval_middleware(
         """Run an approved call at most once: START_EXECUTION is committed before the tool
         runs, and only its first caller runs it (storage/lifecycle.py)."""
         tool, ref = params.tool.name, params.tool_request_part.tool_request.ref or ""  # type: ignore[union-attr]
+        approval = scope.approvals.get(approval_id)
+        if approval is None or (approval.request.tool, approval.request.ref) != (tool, ref):
+            log.warning("a restart of %s carried approval %s, not this call's", tool, approval_id)
+            raise Interrupt({"why": f"{tool} needs approval (the approval given was not valid)"})
         try:
-            await store.start_execution(
-                approval_id, team_id=scope.team_id, tool=tool, ref=ref, now=clock()
-            )
+            await store.start_execution(approval, now=clock())
         except IllegalTransition as refused:
-            return MultipartToolResponse(output=answer_from_record(refused, tool, ref))
+            return MultipartToolResponse(output=answer_from_record(refused, tool))
         try:
             async with outside():
                 result = await next_fn(params, ctx)
@@ -119,7 +123,7 @@ def approval_middleware(
             log.exception("approved tool %s failed (approval %s)", tool, approval_id)
             output = {"ok": False, "error": f"the tool {tool} failed; it may need a retry"}
             result = MultipartToolResponse(output=output)
-        await store.finish_execution(approval_id, team_id=scope.team_id, output=output, now=clock())
+        await store.finish_execution(approval, output=output, now=clock())
         return result
 
     class GreenlightApproval(BaseMiddleware[Any]):
@@ -165,19 +169,18 @@ def approval_middleware(
     return GreenlightApproval
 
 
-def answer_from_record(refused: IllegalTransition, tool: str, ref: str) -> Any:
+def answer_from_record(refused: IllegalTransition, tool: str) -> Any:
     """What the model gets for a call whose execution gate refused it: a second resume of a
     call that already ran (or died running) is answered from the record, never rerun; a
-    restart that no approval of this call allows is interrupted again."""
+    restart that its approval does not allow is interrupted again."""
     current = refused.current
     if (
         current is not None
-        and (current.request.tool, current.request.ref) == (tool, ref)
         and isinstance(current.decision, Approved)
         and isinstance(current.execution, Started | Finished)
     ):
         return recorded(current.execution)
-    log.warning("a restart of %s carried an approval that does not allow it: %s", tool, refused)
+    log.warning("a restart of %s that its approval does not allow: %s", tool, refused)
     raise Interrupt({"why": f"{tool} needs approval (the approval given was not valid)"})
 
 

@@ -107,7 +107,11 @@ class PolicyService:
 
     async def get(self, team_id: str, tool: str) -> Policy:
         """The tool's policy as stored now, defaults applied."""
-        return _effective(tool, await self._store.get(team_id, tool), self._defaults)
+        return self.of(tool, await self._store.get(team_id, tool))
+
+    def of(self, tool: str, stored: StoredPolicy | None) -> Policy:
+        """The policy a stored row (read with something else) gives, defaults applied."""
+        return _effective(tool, stored, self._defaults)
 
     async def all(self, team_id: str) -> list[Policy]:
         stored = {p.tool: p for p in await self._store.all(team_id)}

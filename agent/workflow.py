@@ -191,7 +191,11 @@ class Workflow:
             log.debug("turn %s not resumed here: %s", turn_id, refused)
             return None
         thread = claim.thread
-        scope = TurnScope(team_id=thread.team_id, requester=claim.approvals[0].request.requester)
+        scope = TurnScope(
+            team_id=thread.team_id,
+            requester=claim.approvals[0].request.requester,
+            approvals={a.id: a for a in claim.approvals},
+        )
         respond, restart = resume_parts(claim.approvals)
         heartbeat = asyncio.create_task(self._keep_lease(claim))
         try:
@@ -232,13 +236,13 @@ class Workflow:
         `facts` may be a callback: the transport then looks people up only for a request
         that exists and is pending, knowing its tool's policy.
         """
-        approval = await self._store.get(team_id, approval_id)
-        if approval is None:
+        found = await self._store.decidable(team_id, approval_id)
+        if found is None:
             raise DecisionRefused("not_found")
-        approval = await self._expire_if_overdue(approval)
+        approval = await self._expire_if_overdue(found[0])
         if approval.decision is not None:
             raise DecisionRefused("already_decided", approval)
-        policy = await self._policies.get(team_id, approval.request.tool)
+        policy = self._policies.of(approval.request.tool, found[1])
         if callable(facts):
             facts = await facts(approval, policy)
         requester = approval.request.requester

@@ -1,20 +1,23 @@
 """Conversations, paused turns and approvals: one atomic method per transition and per read.
 
-Every method owns its session. A transition that writes more than one row (a change and
-its audit row, a turn and its approvals) is one transaction, on every backend; a lone
-statement runs on its own (in autocommit on PostgreSQL, so without BEGIN and COMMIT).
+Every method owns its session. The conditional writes come from storage/lifecycle.py: a
+transition's WHERE clause is `guard(transition)`, its source states and requirements, with
+each requirement's SQL in REQUIREMENTS. When a write matches no row, `_refusal` reads the
+same conditions back and lets the lifecycle say why (IllegalTransition). So when two
+callers race (two clicks, two replicas, a retry), exactly one changes the row and the
+other learns what happened.
 
-The conditional writes come from storage/lifecycle.py: a transition's WHERE clause is
-`guard(transition)`, its source states and requirements, with each requirement's SQL in
-REQUIREMENTS. When a write matches no row, `_refusal` reads the same conditions back and
-lets the lifecycle say why (IllegalTransition). So when two callers race (two clicks, two
-replicas, a retry), exactly one changes the row and the other learns what happened.
+A transition that writes more than one row (a decision and its audit row, a paused turn and
+its approvals, a finished turn and its freed thread) is an `Atomic`: one statement on
+PostgreSQL, one transaction elsewhere. A lone statement runs on its own (in autocommit on
+PostgreSQL: no BEGIN and COMMIT round trips).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, cast
 
@@ -61,7 +64,8 @@ from storage.lifecycle import (
     Transition,
     TurnState,
 )
-from storage.models import ApprovalRow, ConversationRow, SeenEventRow, TurnRow
+from storage.models import ApprovalRow, ConversationRow, PolicyRow, SeenEventRow, TurnRow
+from storage.policies import POLICY_FIELDS, StoredPolicy, stored_policy
 
 A, T, C, S = (
     cast(sa.Table, m.__table__) for m in (ApprovalRow, TurnRow, ConversationRow, SeenEventRow)
@@ -117,7 +121,7 @@ def _write(transition: Transition, **values: Any) -> sa.Update:
     id, which only the store hands out.
     """
     table = _TABLE[transition.subject]
-    key = [table.c.id == sa.bindparam("row_id")]
+    key = [table.c.id == _ROW_ID]
     if table is A:
         key.append(A.c.team_id == sa.bindparam("team"))
     state = STATE_COLUMN[transition.subject].key
@@ -136,8 +140,14 @@ _LOCATED = (
     .order_by(A.c.requested_at, A.c.id)
 )
 _TEAM = A.c.team_id == sa.bindparam("team")
-GET = _LOCATED.where(_TEAM, A.c.id == sa.bindparam("row_id"))
+_ROW_ID: sa.BindParameter[str] = sa.bindparam("row_id", type_=sa.String())
+GET = _LOCATED.where(_TEAM, A.c.id == _ROW_ID)
 OF_TURN = _LOCATED.where(A.c.turn_id == sa.bindparam("turn"))
+# An approval to decide, with its tool's stored policy (None: the defaults) in one query.
+_P = cast(sa.Table, PolicyRow.__table__)
+DECIDABLE = GET.add_columns(*(_P.c[f].label(f"policy_{f}") for f in POLICY_FIELDS)).outerjoin(
+    _P, sa.and_(_P.c.team_id == A.c.team_id, _P.c.tool == A.c.tool)
+)
 PENDING = _LOCATED.where(_TEAM, A.c.status == ApprovalState.PENDING)
 OVERDUE = _LOCATED.where(guard(EXPIRE))
 UNCARDED = _LOCATED.where(
@@ -155,44 +165,157 @@ _OPEN = T.c.state.in_([TurnState.WAITING, TurnState.RESUMING])
 WAITING_ON = _LOCATED.where(_THREAD, _OPEN)
 KNOWN = sa.select(C.c.id).where(_THREAD)
 
-# Approvals: the decision, expiry and execution writes, each with its audit row.
-DECIDE = {
-    t: _write(
-        t,
-        decided_by=sa.bindparam("by"),
-        decided_at=_now,
-        reason=sa.bindparam("because"),
-    ).returning(
-        sa.select(sa.func.count())
-        .where(
-            _sibling.c.turn_id == A.c.turn_id,
-            _sibling.c.id != A.c.id,  # PostgreSQL's RETURNING sees the statement's start
-            _sibling.c.status == ApprovalState.PENDING,
+
+class Atomic:
+    """A change and the writes that must happen exactly when it happens, built once.
+
+    `change` is a conditional UPDATE (or an INSERT) with RETURNING; each of `then` is a row
+    to insert (`Row`) or an UPDATE; `read`, if given, builds what to return from the changed
+    row (by default, the changed row itself). On PostgreSQL all of it is one statement: the
+    change as a data-modifying CTE, each write and the read reading from it, so all or none
+    commit with no transaction around them: one round trip where a transaction takes four
+    to six (README, Performance, says what that is worth). Elsewhere: the same statements in
+    one transaction, the read finding the changed row by its id. Both take the same
+    parameters.
+    """
+
+    def __init__(
+        self,
+        change: sa.Update | sa.Insert,
+        *then: Row | sa.Update,
+        read: Callable[[sa.FromClause], sa.Select[Any]] | None = None,
+    ) -> None:
+        self.steps: list[sa.Executable] = [change]
+        self.steps += [t.alone() if isinstance(t, Row) else t for t in then]
+        if read is not None:
+            table = cast(sa.Table, change.table)
+            self.steps.append(read(sa.select(table).where(table.c.id == _ROW_ID).subquery()))
+        self.returns_changed = read is None
+        changed = change.cte("changed")
+        writes = [
+            (t.after(changed) if isinstance(t, Row) else t.where(sa.exists(changed.select())))
+            for t in then
+        ]
+        result = sa.select(changed) if read is None else read(changed)
+        self.one = result.add_cte(*(w.cte(f"then{i}") for i, w in enumerate(writes)))
+
+    async def run(
+        self, sessions: SessionFactory, params: Mapping[str, Any]
+    ) -> Sequence[sa.Row[Any]]:
+        """What it read; nothing when the change matched nothing (and nothing was written)."""
+        async with autocommit(sessions) as db:  # one transaction on SQLite
+            if db.get_bind().dialect.name == "postgresql":
+                return (await db.execute(self.one, params)).all()
+            rows = (await db.execute(self.steps[0], params)).all()
+            if rows:
+                for step in self.steps[1:]:
+                    result = await db.execute(step, params)
+                if not self.returns_changed:
+                    rows = result.all()
+            return rows
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of `table` written with a change, its values bound as `prefix` + column."""
+
+    table: sa.Table
+    prefix: str
+
+    def _values(self) -> dict[str, sa.BindParameter[Any]]:
+        columns = [c for c in self.table.c if not (c.primary_key and c.autoincrement is True)]
+        return {c.key: sa.bindparam(self.prefix + c.key, type_=c.type) for c in columns}
+
+    def alone(self) -> sa.Insert:
+        return sa.insert(self.table).values(self._values())
+
+    def after(self, changed: sa.CTE) -> sa.Insert:
+        values = self._values()
+        return sa.insert(self.table).from_select(
+            list(values), sa.select(*values.values()).select_from(changed)
         )
-        .scalar_subquery()
-        .label("others_pending")
+
+    def params(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return {self.prefix + key: value for key, value in values.items()}
+
+
+NOTE = Row(audit.TABLE, "audit_")  # a transition's audit row
+
+# Approvals: each change with its audit row.
+DECIDE = {
+    t: Atomic(
+        _write(
+            t,
+            decided_by=sa.bindparam("by"),
+            decided_at=_now,
+            reason=sa.bindparam("because"),
+        ).returning(
+            sa.select(sa.func.count())
+            .where(
+                _sibling.c.turn_id == A.c.turn_id,
+                _sibling.c.id != A.c.id,  # PostgreSQL's RETURNING sees the statement's start
+                _sibling.c.status == ApprovalState.PENDING,
+            )
+            .scalar_subquery()
+            .label("others_pending")
+        ),
+        NOTE,
     )
     for t in (APPROVE, DENY)
 }
-EXPIRE_ONE = _write(EXPIRE, decided_at=_now)
-START = _write(START_EXECUTION)
-FINISH = _write(FINISH_EXECUTION, output=sa.bindparam("result"))
+EXPIRE_ONE = Atomic(_write(EXPIRE, decided_at=_now), NOTE)
+START = Atomic(_write(START_EXECUTION), NOTE)
+FINISH = Atomic(_write(FINISH_EXECUTION, output=sa.bindparam("result")), NOTE)
 SET_CARD = (
     sa.update(A)
     .where(A.c.id == sa.bindparam("row_id"))
     .values(card_channel=sa.bindparam("channel"), card_ts=sa.bindparam("ts"))
 )
 
+
 # Turns.
-CLAIM_TURN = _write(
-    CLAIM,
-    lease_until=sa.bindparam("lease"),
-    attempts=T.c.attempts + 1,
-    updated_at=_now,
+def _approvals_of(turn: sa.FromClause) -> sa.Select[Any]:
+    """The approvals of `turn` (a changed turn row) with their thread, and the turn's own
+    fields a resume needs."""
+    fields = (turn.c.conversation_id, turn.c.snapshot_id, turn.c.attempts.label("attempt"))
+    return _LOCATED.add_columns(*fields).where(A.c.turn_id == turn.c.id)
+
+
+CLAIM_TURN = Atomic(
+    _write(CLAIM, lease_until=sa.bindparam("lease"), attempts=T.c.attempts + 1, updated_at=_now),
+    read=_approvals_of,
 )
 RENEW_LEASE = _write(RENEW, lease_until=sa.bindparam("lease"))
-END = {t: _write(t, lease_until=None, updated_at=_now) for t in (COMPLETE, GIVE_UP)}
 RECOVERABLE = sa.select(T.c.id).where(guard(CLAIM))
+# The thread freed; the next message continues from `snapshot` when given.
+RELEASE = (
+    sa.update(C)
+    .where(C.c.id == sa.bindparam("conversation"))
+    .values(
+        busy_until=None,
+        snapshot_id=sa.func.coalesce(
+            sa.bindparam("snapshot", type_=C.c.snapshot_id.type), C.c.snapshot_id
+        ),
+    )
+)
+END = {
+    t: Atomic(_write(t, lease_until=None, updated_at=_now), RELEASE, read=_approvals_of)
+    for t in (COMPLETE, GIVE_UP)
+}
+
+
+@functools.cache
+def _paused(approvals: int, after: Transition | None = None) -> Atomic:
+    """PAUSE a turn with `approvals` REQUESTs and their audit rows; `after`: the turn a
+    resume COMPLETEs in the same breath (its interrupts chained). Built once per shape."""
+    turn = Row(T, "t_")
+    rows = [Row(A, f"a{i}_") for i in range(approvals)]
+    notes = [Row(audit.TABLE, f"e{i}_") for i in range(approvals)]
+    if after is None:
+        return Atomic(turn.alone().returning(T.c.id), *rows, *notes)
+    ended = _write(after, lease_until=None, updated_at=_now)
+    return Atomic(ended, turn, *rows, *notes, read=_approvals_of)
+
 
 # Conversations (threads): taken by one turn at a time, while it runs or waits.
 _idle = sa.and_(
@@ -221,8 +344,6 @@ TAKE_THREAD = (
     .values(busy_until=sa.bindparam("until"))
     .returning(C.c.id, C.c.snapshot_id)
 )
-RELEASE = sa.update(C).where(C.c.id == sa.bindparam("conversation")).values(busy_until=None)
-RELEASE_AT = RELEASE.values(snapshot_id=sa.bindparam("snapshot"))
 
 _event = {
     "event_id": sa.bindparam("event", type_=S.c.event_id.type),
@@ -283,7 +404,7 @@ class ApprovalStore:
     async def release_thread(self, conversation_id: str, *, snapshot_id: str | None) -> None:
         """Free the thread; the next message continues from `snapshot_id` when given."""
         async with autocommit(self._sessions) as db:
-            await _release(db, conversation_id, snapshot_id)
+            await db.execute(RELEASE, {"conversation": conversation_id, "snapshot": snapshot_id})
 
     async def knows(self, thread: Thread) -> bool:
         """Whether the thread is a conversation already."""
@@ -298,68 +419,68 @@ class ApprovalStore:
     # -- paused turns --------------------------------------------------------------------
 
     async def pause(self, turn: PausedTurn, approvals: Sequence[Approval]) -> None:
-        """PAUSE the turn and REQUEST each approval, audited, in one transaction. The thread
-        stays held: the open turn keeps later messages out until it ends."""
-        async with self._sessions.begin() as db:
-            await _insert_paused(db, turn, approvals)
+        """PAUSE the turn and REQUEST each approval, audited, atomically. The thread stays
+        held: the open turn keeps later messages out until a resume ends it."""
+        await _paused(len(approvals)).run(self._sessions, _pause_params(turn, approvals))
 
     async def claim(self, turn_id: str, *, now: datetime, lease_until: datetime) -> Claim:
         """CLAIM a turn to resume it, with its approvals (every one decided)."""
-        async with autocommit(self._sessions) as db:
-            values = {"row_id": turn_id, "now": now, "lease": lease_until}
-            row = (await db.execute(CLAIM_TURN, values)).first()
-            if row is None:
-                raise await _turn_refusal(db, CLAIM, turn_id, now=now)
-            approvals = _located(await db.execute(OF_TURN, {"turn": turn_id}))
+        values = {"row_id": turn_id, "now": now, "lease": lease_until}
+        rows = await CLAIM_TURN.run(self._sessions, values)
+        if not rows:  # a paused turn has one approval per interrupt, so at least one
+            raise await self._turn_refusal(CLAIM, values)
+        approvals = _located(rows)
         return Claim(
-            turn_id=row.id,
-            conversation_id=row.conversation_id,
-            thread=approvals[0].thread,  # a paused turn has one approval per interrupt
-            snapshot_id=row.snapshot_id,
-            attempt=row.attempts,
+            turn_id=turn_id,
+            conversation_id=rows[0].conversation_id,
+            thread=approvals[0].thread,
+            snapshot_id=rows[0].snapshot_id,
+            attempt=rows[0].attempt,
             approvals=approvals,
         )
 
     async def renew(self, claim: Claim, *, until: datetime) -> None:
         """RENEW the claim's lease until `until` (IllegalTransition once another took over)."""
+        values = _claimed(claim) | {"lease": until}
         async with autocommit(self._sessions) as db:
-            values = _claimed(claim) | {"lease": until}
             if (await db.execute(RENEW_LEASE, values)).first() is None:
-                raise await _turn_refusal(db, RENEW, claim.turn_id, attempt=claim.attempt)
+                raise await _refusal(db, RENEW, _EXPLAIN_TURN, values)
 
     async def complete(
         self, claim: Claim, *, now: datetime, snapshot_id: str | None
     ) -> tuple[Approval, ...]:
-        """COMPLETE the resumed turn and free its thread to continue from `snapshot_id`, in
-        one transaction; returns its approvals as settled."""
-        async with self._sessions.begin() as db:
-            await self._end(db, COMPLETE, claim, now)
-            await _release(db, claim.conversation_id, snapshot_id)
-        return await self.turn_approvals(claim.turn_id)
+        """COMPLETE the resumed turn and free its thread to continue from `snapshot_id`,
+        atomically; returns the turn's approvals, settled."""
+        return await self._end(COMPLETE, claim, now=now, snapshot_id=snapshot_id)
+
+    async def give_up(self, claim: Claim, *, now: datetime) -> tuple[Approval, ...]:
+        """GIVE_UP on the turn and free its thread, which continues from before the turn."""
+        return await self._end(GIVE_UP, claim, now=now, snapshot_id=None)
+
+    async def _end(
+        self, transition: Transition, claim: Claim, *, now: datetime, snapshot_id: str | None
+    ) -> tuple[Approval, ...]:
+        values = _claimed(claim) | {"now": now}
+        release = {"conversation": claim.conversation_id, "snapshot": snapshot_id}
+        if not (rows := await END[transition].run(self._sessions, values | release)):
+            raise await self._turn_refusal(transition, values)
+        return _located(rows)
 
     async def complete_and_pause(
         self, claim: Claim, *, now: datetime, turn: PausedTurn, approvals: Sequence[Approval]
     ) -> tuple[Approval, ...]:
-        """A resume that stopped on new interrupts: COMPLETE this turn and PAUSE the next in
-        one transaction (the thread stays held); returns this turn's approvals."""
-        async with self._sessions.begin() as db:
-            await self._end(db, COMPLETE, claim, now)
-            await _insert_paused(db, turn, approvals)
-        return await self.turn_approvals(claim.turn_id)
+        """A resume that stopped on new interrupts: COMPLETE this turn and PAUSE the next,
+        atomically (the thread stays held); returns this turn's approvals, settled."""
+        values = _claimed(claim) | {"now": now} | _pause_params(turn, approvals)
+        if not (rows := await _paused(len(approvals), COMPLETE).run(self._sessions, values)):
+            raise await self._turn_refusal(COMPLETE, values)
+        return _located(rows)
 
-    async def give_up(self, claim: Claim, *, now: datetime) -> tuple[Approval, ...]:
-        """GIVE_UP on the turn and free its thread, which continues from before the turn."""
-        async with self._sessions.begin() as db:
-            await self._end(db, GIVE_UP, claim, now)
-            await _release(db, claim.conversation_id, None)
-        return await self.turn_approvals(claim.turn_id)
-
-    async def _end(
-        self, db: AsyncSession, transition: Transition, claim: Claim, now: datetime
-    ) -> None:
-        values = _claimed(claim) | {"now": now}
-        if (await db.execute(END[transition], values)).first() is None:
-            raise await _turn_refusal(db, transition, claim.turn_id, attempt=claim.attempt)
+    async def _turn_refusal(
+        self, transition: Transition, values: dict[str, Any]
+    ) -> IllegalTransition:
+        async with autocommit(self._sessions) as db:
+            return await _refusal(db, transition, _EXPLAIN_TURN, values)
 
     async def recoverable(
         self, *, now: datetime, team_id: str | None = None, limit: int = 50
@@ -380,54 +501,61 @@ class ApprovalStore:
         approvals still wait. IllegalTransition (with the current approval) when it was
         decided already or its deadline passed."""
         transition = APPROVE if isinstance(decision, Approved) else DENY
-        values = _key(approval) | {
-            "by": decision.by,
-            "because": decision.reason,
-            "now": decision.at,
-        }
-        async with self._sessions.begin() as db:
-            row = (await db.execute(DECIDE[transition], values)).first()
-            if row is None:
-                raise await _approval_refusal(db, transition, approval, now=decision.at)
-            await db.execute(audit.INSERT, _audit(transition, row._mapping, decision.at))
+        decided = replace(approval, decision=decision)
+        params = {"by": decision.by, "because": decision.reason, "now": decision.at}
+        row = await self._change(DECIDE[transition], transition, decided, decision.at, params)
         return _approval(row._mapping, approval.thread), int(row.others_pending)
 
     async def expire(self, approval: Approval, *, now: datetime) -> Approval:
         """EXPIRE a pending approval past its deadline, audited."""
-        async with self._sessions.begin() as db:
-            row = (await db.execute(EXPIRE_ONE, _key(approval) | {"now": now})).first()
-            if row is None:
-                raise await _approval_refusal(db, EXPIRE, approval, now=now)
-            await db.execute(audit.INSERT, _audit(EXPIRE, row._mapping, now))
+        row = await self._change(EXPIRE_ONE, EXPIRE, approval, now, {"now": now})
         return _approval(row._mapping, approval.thread)
 
-    async def start_execution(
-        self, approval_id: str, *, team_id: str, tool: str, ref: str, now: datetime
-    ) -> None:
-        """START_EXECUTION of an approved call, audited and committed before the tool runs:
-        the one gate every execution passes. IllegalTransition, with the approval as it is,
+    async def start_execution(self, approval: Approval, *, now: datetime) -> None:
+        """START_EXECUTION of an approved call, audited, committed before the tool runs: the
+        one gate every execution passes. IllegalTransition, with the approval as it is now,
         for every caller but the first."""
-        values = {"row_id": approval_id, "team": team_id, "call_tool": tool, "call_ref": ref}
-        async with self._sessions.begin() as db:
-            row = (await db.execute(START, values)).first()
-            if row is None:
-                raise await _refusal(db, START_EXECUTION, _EXPLAIN_APPROVAL, values)
-            await db.execute(audit.INSERT, _audit(START_EXECUTION, row._mapping, now))
+        call = {"call_tool": approval.request.tool, "call_ref": approval.request.ref}
+        await self._change(START, START_EXECUTION, approval, now, call)
 
-    async def finish_execution(
-        self, approval_id: str, *, team_id: str, output: Any, now: datetime
-    ) -> None:
+    async def finish_execution(self, approval: Approval, *, output: Any, now: datetime) -> None:
         """FINISH_EXECUTION with the tool's output, audited."""
-        values = {"row_id": approval_id, "team": team_id, "result": output}
-        async with self._sessions.begin() as db:
-            row = (await db.execute(FINISH, values)).first()
-            if row is None:
-                raise await _refusal(db, FINISH_EXECUTION, _EXPLAIN_APPROVAL, values)
-            await db.execute(audit.INSERT, _audit(FINISH_EXECUTION, row._mapping, now))
+        finished = replace(approval, execution=Finished(output))
+        await self._change(FINISH, FINISH_EXECUTION, finished, now, {"result": output})
+
+    async def _change(
+        self,
+        atomic: Atomic,
+        transition: Transition,
+        approval: Approval,
+        at: datetime,
+        params: dict[str, Any],
+    ) -> sa.Row[Any]:
+        """An approval's transition with its audit row (`approval` as it is after it);
+        IllegalTransition when it may not happen, and then nothing was written."""
+        values = _key(approval) | params
+        note = NOTE.params(_audit(transition, approval, at))
+        if not (rows := await atomic.run(self._sessions, values | note)):
+            async with autocommit(self._sessions) as db:
+                raise await _refusal(db, transition, _EXPLAIN_APPROVAL, values | {"now": at})
+        return rows[0]
 
     async def attach_card(self, approval_id: str, *, channel: str, ts: str) -> None:
         async with autocommit(self._sessions) as db:
             await db.execute(SET_CARD, {"row_id": approval_id, "channel": channel, "ts": ts})
+
+    async def decidable(
+        self, team_id: str, approval_id: str
+    ) -> tuple[Approval, StoredPolicy | None] | None:
+        """The approval and its tool's stored policy, read together for a decision."""
+        async with autocommit(self._sessions) as db:
+            row = (await db.execute(DECIDABLE, {"team": team_id, "row_id": approval_id})).first()
+        if row is None:
+            return None
+        policy = None
+        if row.policy_tool is not None:
+            policy = stored_policy({f: row._mapping[f"policy_{f}"] for f in POLICY_FIELDS})
+        return _approval(row._mapping, _thread_of(row)), policy
 
     async def get(self, team_id: str, approval_id: str) -> Approval | None:
         async with autocommit(self._sessions) as db:
@@ -473,7 +601,7 @@ async def _refusal(
     db: AsyncSession,
     transition: Transition,
     explain: Mapping[Transition, Any],
-    values: dict[str, Any],
+    values: Mapping[str, Any],
 ) -> IllegalTransition:
     """Why `transition` matched no row: the lifecycle's verdict on the row as it is now."""
     row = (await db.execute(explain[transition], values)).first()
@@ -481,7 +609,7 @@ async def _refusal(
         return IllegalTransition(transition, None)
     state = STATES[transition.subject](row.state)
     current = (
-        _approval(row._mapping, _thread_of(row)) if transition.subject != Subject.TURN else None
+        None if transition.subject == Subject.TURN else _approval(row._mapping, _thread_of(row))
     )
     holds = {r: bool(row._mapping[f"holds_{r.name}"]) for r in transition.requirements(state)}
     try:
@@ -493,29 +621,9 @@ async def _refusal(
     return IllegalTransition(transition, state, current=current)
 
 
-async def _approval_refusal(
-    db: AsyncSession, transition: Transition, approval: Approval, *, now: datetime
-) -> IllegalTransition:
-    return await _refusal(db, transition, _EXPLAIN_APPROVAL, _key(approval) | {"now": now})
-
-
-async def _turn_refusal(
-    db: AsyncSession,
-    transition: Transition,
-    turn_id: str,
-    *,
-    now: datetime | None = None,
-    attempt: int | None = None,
-) -> IllegalTransition:
-    values = {"row_id": turn_id, "now": now, "attempt": attempt}
-    return await _refusal(db, transition, _EXPLAIN_TURN, values)
-
-
-async def _insert_paused(db: AsyncSession, turn: PausedTurn, approvals: Sequence[Approval]) -> None:
-    """A new waiting turn (PAUSE), and its pending approvals (REQUEST) with their audit rows."""
-    rows = [_columns(a) for a in approvals]
-    await db.execute(
-        sa.insert(T),
+def _pause_params(turn: PausedTurn, approvals: Sequence[Approval]) -> dict[str, Any]:
+    """The parameters of `_paused`: the turn's row, each approval's row and audit row."""
+    params = Row(T, "t_").params(
         {
             "id": turn.id,
             "team_id": turn.thread.team_id,
@@ -527,17 +635,12 @@ async def _insert_paused(db: AsyncSession, turn: PausedTurn, approvals: Sequence
             "attempts": 0,
             "created_at": turn.at,
             "updated_at": turn.at,
-        },
+        }
     )
-    await db.execute(sa.insert(A), rows)
-    await db.execute(audit.INSERT, [_audit(REQUEST, row, turn.at) for row in rows])
-
-
-async def _release(db: AsyncSession, conversation_id: str, snapshot_id: str | None) -> None:
-    if snapshot_id is None:
-        await db.execute(RELEASE, {"conversation": conversation_id})
-    else:
-        await db.execute(RELEASE_AT, {"conversation": conversation_id, "snapshot": snapshot_id})
+    for i, approval in enumerate(approvals):
+        params |= Row(A, f"a{i}_").params(_columns(approval))
+        params |= Row(audit.TABLE, f"e{i}_").params(_audit(REQUEST, approval, turn.at))
+    return params
 
 
 def _count(result: Any) -> int:
@@ -556,19 +659,32 @@ def _claimed(claim: Claim) -> dict[str, Any]:
     return {"row_id": claim.turn_id, "attempt": claim.attempt}
 
 
-def _audit(transition: Transition, row: Mapping[Any, Any], at: datetime) -> dict[str, Any]:
-    """The audit row `transition` appends, from the approval's columns after the change."""
+def _audit(transition: Transition, approval: Approval, at: datetime) -> dict[str, Any]:
+    """The audit row `transition` appends, as its Audit spec says, for `approval` as it is
+    once the transition took."""
     spec = transition.audit
     assert spec is not None, f"{transition.name} records nothing"
-    actor = {"decider": row["decided_by"], "requester": row["requester"], "greenlight": None}
+    r, decision, execution = approval.request, approval.decision, approval.execution
+    decider, reason = (
+        (decision.by, decision.reason)
+        if decision and not isinstance(decision, Expired)
+        else ("", None)
+    )
+    actor = {"decider": decider, "requester": r.requester, "greenlight": "greenlight"}
+    fields = {
+        "input": r.input,
+        "why": r.why,
+        "reason": reason,
+        "output": execution.output if isinstance(execution, Finished) else None,
+    }
     return audit.entry(
-        team_id=row["team_id"],
+        team_id=approval.thread.team_id,
         at=at,
-        actor=actor[spec.actor] or "greenlight",
+        actor=actor[spec.actor],
         action=spec.action,
-        tool=row["tool"],
-        approval_id=row["id"],
-        **{key: row[key] for key in spec.detail},
+        tool=r.tool,
+        approval_id=approval.id,
+        **{key: fields[key] for key in spec.detail},
     )
 
 

@@ -19,6 +19,7 @@ _TEAM = _P.c.team_id == sa.bindparam("team_id")
 GET = sa.select(_P).where(_TEAM, _P.c.tool == sa.bindparam("tool"))
 ALL = sa.select(_P).where(_TEAM)
 CHANGEABLE = ("allowed", "channel", "approver_users", "approver_groups", "timeout_seconds")
+POLICY_FIELDS = ("tool", *CHANGEABLE)
 
 
 @dataclass(frozen=True)
@@ -33,14 +34,15 @@ class StoredPolicy:
     timeout_seconds: int | None = None
 
 
-def _stored(row: sa.Row[Any] | PolicyRow) -> StoredPolicy:
+def stored_policy(row: Mapping[Any, Any]) -> StoredPolicy:
+    """A policy row's POLICY_FIELDS as the value."""
     return StoredPolicy(
-        tool=row.tool,
-        allowed=row.allowed,
-        channel=row.channel,
-        approver_users=tuple(row.approver_users),
-        approver_groups=tuple(row.approver_groups),
-        timeout_seconds=row.timeout_seconds,
+        tool=row["tool"],
+        allowed=row["allowed"],
+        channel=row["channel"],
+        approver_users=tuple(row["approver_users"]),
+        approver_groups=tuple(row["approver_groups"]),
+        timeout_seconds=row["timeout_seconds"],
     )
 
 
@@ -51,11 +53,13 @@ class PolicyStore:
     async def get(self, team_id: str, tool: str) -> StoredPolicy | None:
         async with autocommit(self._sessions) as db:
             row = (await db.execute(GET, {"team_id": team_id, "tool": tool})).first()
-        return None if row is None else _stored(row)
+        return None if row is None else stored_policy(row._mapping)
 
     async def all(self, team_id: str) -> list[StoredPolicy]:
         async with autocommit(self._sessions) as db:
-            return [_stored(row) for row in await db.execute(ALL, {"team_id": team_id})]
+            return [
+                stored_policy(row._mapping) for row in await db.execute(ALL, {"team_id": team_id})
+            ]
 
     async def change(
         self, team_id: str, tool: str, *, by: str, now: datetime, changes: Mapping[str, Any]
@@ -84,4 +88,4 @@ class PolicyStore:
                 changes={k: list(v) if isinstance(v, tuple) else v for k, v in changes.items()},
             )
             await db.execute(audit.INSERT, event)
-            return _stored(row)
+            return stored_policy({f: getattr(row, f) for f in POLICY_FIELDS})
