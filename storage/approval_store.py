@@ -72,6 +72,7 @@ A, T, C, S = (
 )
 _sibling = A.alias("sibling")
 _now = sa.bindparam("now", type_=A.c.expires_at.type)
+_ROW_ID: sa.BindParameter[str] = sa.bindparam("row_id", type_=sa.String())  # the changed row
 
 # The SQL of each requirement of the lifecycle; a test checks that every one is here.
 REQUIREMENTS: Mapping[Requirement, sa.ColumnElement[bool]] = {
@@ -140,7 +141,6 @@ _LOCATED = (
     .order_by(A.c.requested_at, A.c.id)
 )
 _TEAM = A.c.team_id == sa.bindparam("team")
-_ROW_ID: sa.BindParameter[str] = sa.bindparam("row_id", type_=sa.String())
 GET = _LOCATED.where(_TEAM, A.c.id == _ROW_ID)
 OF_TURN = _LOCATED.where(A.c.turn_id == sa.bindparam("turn"))
 # An approval to decide, with its tool's stored policy (None: the defaults) in one query.
@@ -268,7 +268,7 @@ START = Atomic(_write(START_EXECUTION), NOTE)
 FINISH = Atomic(_write(FINISH_EXECUTION, output=sa.bindparam("result")), NOTE)
 SET_CARD = (
     sa.update(A)
-    .where(A.c.id == sa.bindparam("row_id"))
+    .where(A.c.id == _ROW_ID)
     .values(card_channel=sa.bindparam("channel"), card_ts=sa.bindparam("ts"))
 )
 

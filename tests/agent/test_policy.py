@@ -1,0 +1,39 @@
+"""Who may decide: `refusal`, the four-eyes and approver rules, without a database."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.policy import ApproverFacts, Policy, refusal
+
+CHANNEL = Policy(tool="transferMoney", allowed=False, channel="C0APPROVE")
+NAMED = Policy(
+    tool="transferMoney",
+    allowed=False,
+    channel="C0APPROVE",
+    approver_users=("UCFO",),
+    approver_groups=("SFINANCE",),
+)
+IN_CHANNEL = ApproverFacts(in_channel=True)
+IN_FINANCE = ApproverFacts(groups=frozenset({"SFINANCE"}))
+
+
+@pytest.mark.parametrize(
+    ("policy", "approver", "facts", "expected"),
+    [
+        # The requester never decides their own request, whatever else holds.
+        (CHANNEL, "UASK", IN_CHANNEL, "self_approval"),
+        (NAMED, "UASK", IN_FINANCE, "self_approval"),
+        # Default policy: anyone who clicks in the tool's approver channel.
+        (CHANNEL, "UBOSS", IN_CHANNEL, None),
+        (CHANNEL, "UBOSS", ApproverFacts(), "not_an_approver"),
+        (CHANNEL, "UBOSS", IN_FINANCE, "not_an_approver"),
+        # Named approvers: the users listed and members of the groups listed, anywhere.
+        (NAMED, "UCFO", ApproverFacts(), None),
+        (NAMED, "UFIN", IN_FINANCE, None),
+        (NAMED, "UBOSS", IN_CHANNEL, "not_an_approver"),  # the channel alone is not enough
+        (NAMED, "UBOSS", ApproverFacts(groups=frozenset({"SOTHER"})), "not_an_approver"),
+    ],
+)
+def test_refusal(policy: Policy, approver: str, facts: ApproverFacts, expected: str | None) -> None:
+    assert refusal(policy, requester="UASK", approver=approver, facts=facts) == expected

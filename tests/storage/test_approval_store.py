@@ -1,0 +1,334 @@
+"""ApprovalStore on PostgreSQL and SQLite: each transition takes exactly when the lifecycle
+table allows it, and a refused one writes nothing (no state, no audit row, no side write)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from storage import approval_store
+from storage.approval_store import ApprovalStore
+from storage.db import SessionFactory, make_session_factory
+from storage.lifecycle import (
+    APPROVE,
+    CLAIM,
+    COMPLETE,
+    DENY,
+    EXPIRE,
+    FINISH_EXECUTION,
+    GIVE_UP,
+    RENEW,
+    START_EXECUTION,
+    Approval,
+    ApprovalState,
+    Approved,
+    Card,
+    Claim,
+    Denied,
+    ExecutionState,
+    IllegalTransition,
+    PausedTurn,
+    Request,
+    Requirement,
+    State,
+    Subject,
+    Thread,
+    Transition,
+    TurnState,
+)
+from storage.models import ApprovalRow, AuditRow, ConversationRow, TurnRow
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+
+
+@dataclass
+class Db:
+    store: ApprovalStore
+    sessions: SessionFactory
+    team: str
+
+    def thread(self) -> Thread:
+        return Thread(self.team, "D0STORE", f"{uuid.uuid4().int % 10**9}.000100")
+
+    async def seed(
+        self,
+        *,
+        status: ApprovalState = ApprovalState.PENDING,
+        execution: ExecutionState = ExecutionState.NOT_STARTED,
+        expires_at: datetime = NOW + HOUR,
+        turn: TurnState = TurnState.WAITING,
+        lease_until: datetime | None = None,
+        attempts: int = 0,
+        siblings: tuple[ApprovalState, ...] = (),
+    ) -> tuple[Approval, str]:
+        """A conversation (held), a turn and its approval (and siblings) in the given states,
+        written directly; the approval as the store reads it, and the conversation id."""
+        thread = self.thread()
+        conversation, turn_id = str(uuid.uuid4()), str(uuid.uuid4())
+        rows: list[Any] = [
+            ConversationRow(
+                id=conversation,
+                team_id=self.team,
+                channel_id=thread.channel_id,
+                thread_ts=thread.thread_ts,
+                snapshot_id="before",
+                busy_until=NOW + HOUR,
+                created_at=NOW,
+            ),
+            TurnRow(
+                id=turn_id,
+                team_id=self.team,
+                conversation_id=conversation,
+                session_id="s",
+                snapshot_id="paused",
+                state=turn,
+                lease_until=lease_until,
+                attempts=attempts,
+                created_at=NOW,
+                updated_at=NOW,
+            ),
+        ]
+        ids = [str(uuid.uuid4()) for _ in range(1 + len(siblings))]
+        for i, (approval_id, state) in enumerate(zip(ids, (status, *siblings), strict=True)):
+            sibling_decided = state != ApprovalState.PENDING
+            rows.append(
+                ApprovalRow(
+                    id=approval_id,
+                    team_id=self.team,
+                    turn_id=turn_id,
+                    tool="transferMoney",
+                    ref=f"ref-{i}",
+                    input={"amount": 5},
+                    requester="UASK",
+                    requested_at=NOW - HOUR + timedelta(seconds=i),
+                    expires_at=expires_at,
+                    why="needs approval",
+                    status=state,
+                    decided_by="UBOSS" if sibling_decided and state != "expired" else None,
+                    decided_at=NOW - HOUR if sibling_decided else None,
+                    reason=None,
+                    execution=execution if i == 0 else ExecutionState.NOT_STARTED,
+                    output={"ok": True} if execution == ExecutionState.FINISHED else None,
+                    card_channel="C0APPROVE",
+                    card_ts=None,
+                )
+            )
+        async with self.sessions.begin() as db:
+            for row in rows:
+                db.add(row)
+                await db.flush()
+        approval = await self.store.get(self.team, ids[0])
+        assert approval is not None
+        assert (approval.state, approval.execution_state) == (status, execution)
+        return approval, conversation
+
+    async def audit_rows(self) -> int:
+        async with self.sessions() as db:
+            query = select(func.count()).where(AuditRow.team_id == self.team)
+            return int(await db.scalar(query) or 0)
+
+    async def row(self, model: Any, key: str) -> Any:
+        async with self.sessions() as db:
+            return await db.get_one(model, key)
+
+
+@pytest.fixture
+def db(any_engine: AsyncEngine, team: str) -> Db:
+    sessions = make_session_factory(any_engine)
+    return Db(ApprovalStore(sessions), sessions, team)
+
+
+def test_every_requirement_and_subject_has_its_sql() -> None:
+    assert set(approval_store.REQUIREMENTS) == set(Requirement)
+    assert set(approval_store.STATE_COLUMN) == set(Subject)
+
+
+def expected(transition: Transition, state: State, holds: dict[Requirement, bool]) -> State | None:
+    """What the lifecycle says: the state entered, or None when it refuses."""
+    try:
+        return transition.check(state, holds)
+    except IllegalTransition:
+        return None
+
+
+Act = Callable[[Db, Approval], Awaitable[object]]
+APPROVAL_ACTS: dict[Transition, Act] = {
+    APPROVE: lambda d, a: d.store.decide(a, Approved("UBOSS", NOW, "ok")),
+    DENY: lambda d, a: d.store.decide(a, Denied("UBOSS", NOW, "no")),
+    EXPIRE: lambda d, a: d.store.expire(a, now=NOW),
+    START_EXECUTION: lambda d, a: d.store.start_execution(a, now=NOW),
+    FINISH_EXECUTION: lambda d, a: d.store.finish_execution(a, output={"ok": 1}, now=NOW),
+}
+
+
+@pytest.mark.parametrize("transition", list(APPROVAL_ACTS), ids=lambda t: t.name)
+async def test_approval_transitions_take_exactly_when_the_table_allows(
+    db: Db, transition: Transition
+) -> None:
+    act = APPROVAL_ACTS[transition]
+    combos = itertools.product(ApprovalState, ExecutionState, (NOW - HOUR, NOW + HOUR))
+    for status, execution, expires_at in combos:
+        approval, _ = await db.seed(status=status, execution=execution, expires_at=expires_at)
+        holds = {
+            Requirement.BEFORE_DEADLINE: expires_at > NOW,
+            Requirement.PAST_DEADLINE: expires_at <= NOW,
+            Requirement.APPROVED: status == ApprovalState.APPROVED,
+            Requirement.SAME_CALL: True,
+        }
+        state = execution if transition.subject == Subject.EXECUTION else status
+        enters = expected(transition, state, holds)
+        case = f"{transition.name} from {status}/{execution}, expires {expires_at:%H:%M}"
+        audits = await db.audit_rows()
+        if enters is None:
+            with pytest.raises(IllegalTransition) as refused:
+                await act(db, approval)
+            assert refused.value.current is not None, case
+            assert refused.value.current.state == status, case
+            assert refused.value.current.execution_state == execution, case
+            assert await db.audit_rows() == audits, case
+            row = await db.row(ApprovalRow, approval.id)
+            assert (row.status, row.execution) == (status, execution), case
+        else:
+            await act(db, approval)
+            row = await db.row(ApprovalRow, approval.id)
+            now_state = row.execution if transition.subject == Subject.EXECUTION else row.status
+            assert now_state == enters, case
+            assert await db.audit_rows() == audits + 1, case
+
+
+async def test_a_refusal_says_which_requirement_failed(db: Db) -> None:
+    approval, _ = await db.seed(expires_at=NOW - HOUR)
+    with pytest.raises(IllegalTransition) as late:
+        await db.store.decide(approval, Approved("UBOSS", NOW))
+    assert late.value.unmet == (Requirement.BEFORE_DEADLINE,)
+    assert late.value.current is not None and late.value.current.decision is None
+    other = replace(approval, request=replace(approval.request, ref="not-this-call"))
+    approved, _ = await db.seed(status=ApprovalState.APPROVED)
+    with pytest.raises(IllegalTransition) as wrong_call:
+        await db.store.start_execution(replace(approved, request=other.request), now=NOW)
+    assert wrong_call.value.unmet == (Requirement.SAME_CALL,)
+    gone = replace(approval, id=str(uuid.uuid4()))
+    with pytest.raises(IllegalTransition) as missing:
+        await db.store.expire(gone, now=NOW)
+    assert missing.value.state is None and missing.value.current is None
+
+
+async def claim_of(db: Db, approval: Approval, conversation: str, attempt: int) -> Claim:
+    return Claim(approval.turn_id, conversation, approval.thread, "paused", attempt, (approval,))
+
+
+TURN_ACTS: dict[Transition, Callable[[Db, Claim], Awaitable[object]]] = {
+    CLAIM: lambda d, c: d.store.claim(c.turn_id, now=NOW, lease_until=NOW + HOUR),
+    RENEW: lambda d, c: d.store.renew(c, until=NOW + 2 * HOUR),
+    COMPLETE: lambda d, c: d.store.complete(c, now=NOW, snapshot_id="after"),
+    GIVE_UP: lambda d, c: d.store.give_up(c, now=NOW),
+}
+
+
+@pytest.mark.parametrize("transition", list(TURN_ACTS), ids=lambda t: t.name)
+async def test_turn_transitions_take_exactly_when_the_table_allows(
+    db: Db, transition: Transition
+) -> None:
+    act = TURN_ACTS[transition]
+    leases = (None, NOW - HOUR, NOW + HOUR)
+    pending = ((), (ApprovalState.PENDING,))
+    for state, lease, siblings, own in itertools.product(TurnState, leases, pending, (1, 2)):
+        approval, conversation = await db.seed(
+            status=ApprovalState.APPROVED,
+            turn=state,
+            lease_until=lease,
+            attempts=1,
+            siblings=siblings,
+        )
+        holds = {
+            Requirement.ALL_DECIDED: not siblings,
+            Requirement.LEASE_RAN_OUT: lease is not None and lease < NOW,
+            Requirement.OWN_CLAIM: own == 1,
+        }
+        enters = expected(transition, state, holds)
+        case = f"{transition.name} from {state}, lease {lease}, {siblings}, attempt {own}"
+        claim = await claim_of(db, approval, conversation, own)
+        if enters is None:
+            with pytest.raises(IllegalTransition):
+                await act(db, claim)
+            turn = await db.row(TurnRow, approval.turn_id)
+            assert (turn.state, turn.attempts, turn.lease_until) == (state, 1, lease), case
+            thread = await db.row(ConversationRow, conversation)
+            assert (thread.busy_until, thread.snapshot_id) == (NOW + HOUR, "before"), case
+            continue
+        result = await act(db, claim)
+        turn = await db.row(TurnRow, approval.turn_id)
+        assert turn.state == enters, case
+        thread = await db.row(ConversationRow, conversation)
+        if transition in (COMPLETE, GIVE_UP):  # the thread is freed with the turn
+            assert thread.busy_until is None, case
+            assert thread.snapshot_id == ("after" if transition is COMPLETE else "before"), case
+            assert isinstance(result, tuple) and [a.id for a in result][:1] == [approval.id]
+        if transition is CLAIM:
+            assert isinstance(result, Claim) and result.attempt == 2 and turn.attempts == 2
+            assert result.approvals[0].id == approval.id and result.thread == approval.thread
+            assert (result.conversation_id, result.snapshot_id) == (conversation, "paused")
+
+
+def new_approval(thread: Thread, turn_id: str, i: int) -> Approval:
+    request = Request("transferMoney", f"ref-{i}", {"amount": i}, "UASK", "why", NOW, NOW + HOUR)
+    return Approval(str(uuid.uuid4()), turn_id, thread, request, card=Card("C0APPROVE"))
+
+
+async def test_pause_writes_the_turn_its_approvals_and_their_audit_rows(db: Db) -> None:
+    thread = db.thread()
+    held = await db.store.hold_thread(thread, new_id=str(uuid.uuid4()), now=NOW, until=NOW + HOUR)
+    assert held is not None and held.snapshot_id is None
+    turn = PausedTurn(str(uuid.uuid4()), held.conversation_id, thread, "s", "snap", NOW)
+    approvals = [new_approval(thread, turn.id, i) for i in range(3)]
+    await db.store.pause(turn, approvals)
+    assert {a.id for a in await db.store.waiting_on(thread)} == {a.id for a in approvals}
+    assert await db.audit_rows() == 3
+    trail = await db.store.audit_trail(db.team)
+    assert {(e.action, e.actor, e.approval_id) for e in trail} == {
+        ("requested", "UASK", a.id) for a in approvals
+    }
+    # The waiting turn keeps the thread, even once its time as a running turn is over.
+    later = NOW + 2 * HOUR
+    assert await db.store.hold_thread(thread, new_id="x", now=later, until=later) is None
+
+
+async def test_a_chained_pause_is_written_only_with_its_completion(db: Db) -> None:
+    approval, conversation = await db.seed(
+        status=ApprovalState.APPROVED, turn=TurnState.RESUMING, lease_until=NOW + HOUR, attempts=1
+    )
+    turn = PausedTurn(str(uuid.uuid4()), conversation, approval.thread, "s", "snap2", NOW)
+    chained = [new_approval(approval.thread, turn.id, 0)]
+    lost = await claim_of(db, approval, conversation, attempt=7)  # someone else's claim now
+    with pytest.raises(IllegalTransition):
+        await db.store.complete_and_pause(lost, now=NOW, turn=turn, approvals=chained)
+    assert await db.store.get(db.team, chained[0].id) is None and await db.audit_rows() == 0
+    mine = await claim_of(db, approval, conversation, attempt=1)
+    settled = await db.store.complete_and_pause(mine, now=NOW, turn=turn, approvals=chained)
+    assert [a.id for a in settled] == [approval.id]
+    assert [a.id for a in await db.store.waiting_on(approval.thread)] == [chained[0].id]
+    assert (await db.row(ConversationRow, conversation)).busy_until is not None  # still held
+
+
+async def test_threads_and_events(db: Db) -> None:
+    thread = db.thread()
+    assert not await db.store.knows(thread)
+    first = await db.store.hold_thread(thread, new_id=str(uuid.uuid4()), now=NOW, until=NOW + HOUR)
+    assert first is not None and await db.store.knows(thread)
+    assert await db.store.hold_thread(thread, new_id="y", now=NOW, until=NOW + HOUR) is None
+    await db.store.release_thread(first.conversation_id, snapshot_id="s1")
+    again = await db.store.hold_thread(thread, new_id="z", now=NOW, until=NOW + HOUR)
+    assert again == replace(first, snapshot_id="s1")
+    event = f"Ev{uuid.uuid4().hex}"
+    results = await asyncio.gather(*(db.store.accept_event(event, now=NOW) for _ in range(5)))
+    assert sorted(results) == [False] * 4 + [True]

@@ -1,0 +1,133 @@
+"""The lifecycle table on its own: every allowed and every illegal transition, no database."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime
+
+import pytest
+
+from storage.lifecycle import (
+    APPROVE,
+    CLAIM,
+    COMPLETE,
+    DENY,
+    EXPIRE,
+    FINISH_EXECUTION,
+    GIVE_UP,
+    PAUSE,
+    RENEW,
+    REQUEST,
+    START_EXECUTION,
+    STATES,
+    TRANSITIONS,
+    Approval,
+    ApprovalState,
+    Approved,
+    Denied,
+    ExecutionState,
+    Expired,
+    Finished,
+    IllegalTransition,
+    NotStarted,
+    Request,
+    Requirement,
+    Started,
+    State,
+    Thread,
+    Transition,
+    TurnState,
+)
+
+A, E, T, R = ApprovalState, ExecutionState, TurnState, Requirement
+NOW = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)
+
+# What the design allows, written out by hand: (transition, from) -> (enters, requirements).
+ALLOWED: dict[tuple[Transition, State | None], tuple[State, set[Requirement]]] = {
+    (PAUSE, None): (T.WAITING, set()),
+    (REQUEST, None): (A.PENDING, set()),
+    (APPROVE, A.PENDING): (A.APPROVED, {R.BEFORE_DEADLINE}),
+    (DENY, A.PENDING): (A.DENIED, {R.BEFORE_DEADLINE}),
+    (EXPIRE, A.PENDING): (A.EXPIRED, {R.PAST_DEADLINE}),
+    (START_EXECUTION, E.NOT_STARTED): (E.STARTED, {R.APPROVED, R.SAME_CALL}),
+    (FINISH_EXECUTION, E.STARTED): (E.FINISHED, set()),
+    (CLAIM, T.WAITING): (T.RESUMING, {R.ALL_DECIDED}),
+    (CLAIM, T.RESUMING): (T.RESUMING, {R.ALL_DECIDED, R.LEASE_RAN_OUT}),
+    (RENEW, T.RESUMING): (T.RESUMING, {R.OWN_CLAIM}),
+    (COMPLETE, T.RESUMING): (T.DONE, {R.OWN_CLAIM}),
+    (GIVE_UP, T.RESUMING): (T.FAILED, {R.OWN_CLAIM}),
+}
+EVERY = [(t, s) for t in TRANSITIONS for s in (None, *STATES[t.subject])]
+
+
+def everything_holds() -> dict[Requirement, bool]:
+    return dict.fromkeys(Requirement, True)
+
+
+def test_the_table_is_the_design() -> None:
+    allowed = {(t, s) for t, s in EVERY if s in t.leaves}
+    assert allowed == set(ALLOWED)
+    assert len({t.name for t in TRANSITIONS}) == len(TRANSITIONS)
+    used = {r for t in TRANSITIONS for s in t.leaves for r in t.requirements(s)}
+    assert used == set(Requirement)  # no requirement is dead weight
+
+
+@pytest.mark.parametrize(("transition", "state"), EVERY, ids=lambda v: getattr(v, "name", v))
+def test_every_transition_from_every_state(transition: Transition, state: State | None) -> None:
+    if (transition, state) not in ALLOWED:
+        with pytest.raises(IllegalTransition) as refused:
+            transition.check(state, everything_holds())
+        assert refused.value.unmet == () and refused.value.state == state
+        assert transition.name in str(refused.value)
+        return
+    enters, required = ALLOWED[(transition, state)]
+    assert transition.check(state, everything_holds()) == enters
+    assert set(transition.requirements(state)) == required
+    for r in required:  # each requirement alone can stop it
+        with pytest.raises(IllegalTransition) as refused:
+            transition.check(state, everything_holds() | {r: False})
+        assert refused.value.unmet == (r,) and str(r) in str(refused.value)
+    for subset in itertools.chain.from_iterable(
+        itertools.combinations(sorted(required), k) for k in range(len(required) + 1)
+    ):
+        holds = dict.fromkeys(subset, True)
+        if set(subset) == required:
+            assert transition.check(state, holds) == enters
+        else:
+            with pytest.raises(IllegalTransition):
+                transition.check(state, holds)
+
+
+def test_audited_transitions_name_fields_an_approval_has() -> None:
+    audited = {t.name: t.audit for t in TRANSITIONS if t.audit is not None}
+    assert {name: spec.action for name, spec in audited.items()} == {
+        "request": "requested",
+        "approve": "approved",
+        "deny": "denied",
+        "expire": "expired",
+        "start execution": "execution_started",
+        "finish execution": "executed",
+    }
+    for spec in audited.values():
+        assert set(spec.detail) <= {"input", "why", "reason", "output"}
+
+
+def approval(**over: object) -> Approval:
+    request = Request("transferMoney", "r1", {"amount": 5}, "U1", "why", NOW, NOW)
+    values: dict[str, object] = {
+        "id": "a1",
+        "turn_id": "t1",
+        "thread": Thread("T1", "D1", "1.1"),
+        "request": request,
+    }
+    return Approval(**(values | over))  # type: ignore[arg-type]
+
+
+def test_an_approvals_state_follows_its_typed_values() -> None:
+    assert (approval().state, approval().execution_state) == (A.PENDING, E.NOT_STARTED)
+    assert approval(decision=Approved("U2", NOW)).state == A.APPROVED
+    assert approval(decision=Denied("U2", NOW, "no")).state == A.DENIED
+    assert approval(decision=Expired(NOW)).state == A.EXPIRED
+    assert approval(execution=Started()).execution_state == E.STARTED
+    assert approval(execution=Finished({"ok": True})).execution_state == E.FINISHED
+    assert approval(execution=NotStarted()).execution_state == E.NOT_STARTED
