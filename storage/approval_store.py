@@ -200,19 +200,29 @@ class Atomic:
         self.one = result.add_cte(*(w.cte(f"then{i}") for i, w in enumerate(writes)))
 
     async def run(
-        self, sessions: SessionFactory, params: Mapping[str, Any]
+        self, sessions: SessionFactory, params: Mapping[str, Any], *, one: bool | None = None
     ) -> Sequence[sa.Row[Any]]:
-        """What it read; nothing when the change matched nothing (and nothing was written)."""
+        """What it read; nothing when the change matched nothing (and nothing was written).
+
+        `one`: as one statement or not; by default, one on PostgreSQL (the benchmark runs
+        both forms there to measure the difference).
+        """
+        if one is False:
+            async with sessions.begin() as db:
+                return await self._in_steps(db, params)
         async with autocommit(sessions) as db:  # one transaction on SQLite
-            if db.get_bind().dialect.name == "postgresql":
+            if one or db.get_bind().dialect.name == "postgresql":
                 return (await db.execute(self.one, params)).all()
-            rows = (await db.execute(self.steps[0], params)).all()
-            if rows:
-                for step in self.steps[1:]:
-                    result = await db.execute(step, params)
-                if not self.returns_changed:
-                    rows = result.all()
-            return rows
+            return await self._in_steps(db, params)
+
+    async def _in_steps(self, db: AsyncSession, params: Mapping[str, Any]) -> Sequence[sa.Row[Any]]:
+        rows = (await db.execute(self.steps[0], params)).all()
+        if rows:
+            for step in self.steps[1:]:
+                result = await db.execute(step, params)
+            if not self.returns_changed:
+                rows = result.all()
+        return rows
 
 
 @dataclass(frozen=True)
@@ -305,7 +315,7 @@ END = {
 
 
 @functools.cache
-def _paused(approvals: int, after: Transition | None = None) -> Atomic:
+def paused_turn(approvals: int, after: Transition | None = None) -> Atomic:
     """PAUSE a turn with `approvals` REQUESTs and their audit rows; `after`: the turn a
     resume COMPLETEs in the same breath (its interrupts chained). Built once per shape."""
     turn = Row(T, "t_")
@@ -421,7 +431,7 @@ class ApprovalStore:
     async def pause(self, turn: PausedTurn, approvals: Sequence[Approval]) -> None:
         """PAUSE the turn and REQUEST each approval, audited, atomically. The thread stays
         held: the open turn keeps later messages out until a resume ends it."""
-        await _paused(len(approvals)).run(self._sessions, _pause_params(turn, approvals))
+        await paused_turn(len(approvals)).run(self._sessions, pause_params(turn, approvals))
 
     async def claim(self, turn_id: str, *, now: datetime, lease_until: datetime) -> Claim:
         """CLAIM a turn to resume it, with its approvals (every one decided)."""
@@ -471,8 +481,8 @@ class ApprovalStore:
     ) -> tuple[Approval, ...]:
         """A resume that stopped on new interrupts: COMPLETE this turn and PAUSE the next,
         atomically (the thread stays held); returns this turn's approvals, settled."""
-        values = _claimed(claim) | {"now": now} | _pause_params(turn, approvals)
-        if not (rows := await _paused(len(approvals), COMPLETE).run(self._sessions, values)):
+        values = _claimed(claim) | {"now": now} | pause_params(turn, approvals)
+        if not (rows := await paused_turn(len(approvals), COMPLETE).run(self._sessions, values)):
             raise await self._turn_refusal(COMPLETE, values)
         return _located(rows)
 
@@ -621,8 +631,8 @@ async def _refusal(
     return IllegalTransition(transition, state, current=current)
 
 
-def _pause_params(turn: PausedTurn, approvals: Sequence[Approval]) -> dict[str, Any]:
-    """The parameters of `_paused`: the turn's row, each approval's row and audit row."""
+def pause_params(turn: PausedTurn, approvals: Sequence[Approval]) -> dict[str, Any]:
+    """The parameters of `paused_turn`: the turn's row, each approval's row and audit row."""
     params = Row(T, "t_").params(
         {
             "id": turn.id,
