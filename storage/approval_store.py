@@ -35,6 +35,7 @@ from storage.lifecycle import (
     EXPIRE,
     FINISH_EXECUTION,
     GIVE_UP,
+    OPEN_TURN,
     PAUSE,
     RENEW,
     REQUEST,
@@ -62,7 +63,6 @@ from storage.lifecycle import (
     Subject,
     Thread,
     Transition,
-    TurnState,
 )
 from storage.models import ApprovalRow, ConversationRow, PolicyRow, SeenEventRow, TurnRow
 from storage.policies import POLICY_FIELDS, StoredPolicy, stored_policy
@@ -161,7 +161,7 @@ _THREAD = sa.and_(
     C.c.channel_id == sa.bindparam("channel"),
     C.c.thread_ts == sa.bindparam("thread"),
 )
-_OPEN = T.c.state.in_([TurnState.WAITING, TurnState.RESUMING])
+_OPEN = T.c.state.in_(OPEN_TURN)
 WAITING_ON = _LOCATED.where(_THREAD, _OPEN)
 KNOWN = sa.select(C.c.id).where(_THREAD)
 

@@ -199,6 +199,8 @@ TRANSITIONS = (
     COMPLETE,
     GIVE_UP,
 )
+# A turn not yet ended holds its conversation: no other turn starts in that thread.
+OPEN_TURN = (T.WAITING, T.RESUMING)
 STATES: Mapping[Subject, type[State]] = {
     Subject.APPROVAL: ApprovalState,
     Subject.EXECUTION: ExecutionState,
