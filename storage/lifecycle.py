@@ -12,7 +12,8 @@ States
 
 Why an approved call runs at most once
     1. A decision leaves only `pending`, as one conditional write: of two clicks (or a
-       click and Slack's retry, or two replicas) exactly one finds the row pending.
+       click and Slack's retry, or two replicas) exactly one finds the row pending. A
+       decision after the deadline changes nothing; EXPIRE takes the approval instead.
     2. A turn is resumed only by whoever CLAIMs it, and only once no approval of it is
        pending: one resume answers every interrupt (Genkit fails a partial one after
        running the approved tools in it). A claim holds a lease; a process that dies
@@ -20,7 +21,7 @@ Why an approved call runs at most once
        bumps the turn's attempt number; RENEW and COMPLETE require the caller's own claim,
        so a resume that lost its lease changes nothing.
     3. The tool runs only after START_EXECUTION (not_started -> started, of an approved
-       call) is committed; FINISH_EXECUTION records its output. A later resume of the same
+       approval of this very call) is committed; FINISH_EXECUTION records its output. A later resume of the same
        turn (recovery) answers a finished call with its recorded output and a started one
        with "outcome unknown": it never runs a call twice (agent/workflow.py `resume_parts`).
     4. A resume's restart parts are built from the stored request, never from a button.
@@ -31,7 +32,8 @@ for a turn (busy until it ends, or until its time runs out) and keeps it while t
 waits on approvals, so a second message never forks the agent's session.
 
 Adding a state (quorum, escalation, an answered question, an edited approval) is a change
-to the enums and TRANSITIONS below: storage derives its writes from them.
+to the enums and TRANSITIONS below: storage derives its writes from them, and a new
+Requirement needs its SQL in storage's REQUIREMENTS (a test says so if it is missing).
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class Requirement(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Audit:
-    """The audit row a transition appends, in the same transaction as the change.
+    """The audit row a transition appends, atomically with the change.
 
     `actor`: who the row names (the approval's decider or requester, or Greenlight itself);
     `detail`: the approval's fields it copies (input, why, reason, output).
