@@ -1,5 +1,6 @@
 """Facts about Slack people the workflow needs: admins, group members. Cached, since
-users.info and usergroups.users.list are rate limited (tiers 4 and 2)."""
+users.info and usergroups.users.list are rate limited (tiers 4 and 2), but briefly: a
+demoted admin or a member removed from an approver group loses the power within CACHE_TTL."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from agent.policy import ApproverFacts, Policy
 
 log = logging.getLogger(__name__)
 
+CACHE_TTL = timedelta(seconds=60)
+
 
 class People:
     def __init__(
@@ -21,7 +24,7 @@ class People:
         *,
         admin_users: Collection[str],
         clock: Callable[[], datetime],
-        ttl: timedelta = timedelta(minutes=5),
+        ttl: timedelta = CACHE_TTL,
     ) -> None:
         self._admins = frozenset(admin_users)
         self._clock = clock

@@ -108,6 +108,12 @@ class Settings(BaseSettings):
                 "SLACK_BOT_TOKEN is not set: copy the Bot User OAuth Token (xoxb-...) "
                 "from your Slack app's OAuth & Permissions page"
             )
+        if self.APPROVER_CHANNEL is None:
+            problems.append(
+                "APPROVER_CHANNEL is not set: every tool needs approval until an admin allows "
+                "it, and approval cards need a channel. Create a private channel, invite the "
+                "bot, and put the channel's ID (C0...) here"
+            )
         if self.SLACK_APP_TOKEN is None and self.SLACK_SIGNING_SECRET is None:
             problems.append(
                 "SLACK_SIGNING_SECRET is not set (needed in HTTP mode): copy it from your "
@@ -150,6 +156,7 @@ def load_settings(*, serving: bool) -> Settings:
                 SLACK_BOT_TOKEN=given("SLACK_BOT_TOKEN"),
                 SLACK_SIGNING_SECRET=given("SLACK_SIGNING_SECRET"),
                 SLACK_APP_TOKEN=given("SLACK_APP_TOKEN"),
+                APPROVER_CHANNEL=os.environ.get("APPROVER_CHANNEL") or None,
             )
             problems += probe.serving_problems()
         raise ConfigError(problems) from None

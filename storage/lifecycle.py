@@ -21,9 +21,10 @@ Why an approved call runs at most once
        bumps the turn's attempt number; RENEW and COMPLETE require the caller's own claim,
        so a resume that lost its lease changes nothing.
     3. The tool runs only after START_EXECUTION (not_started -> started, of an approved
-       approval of this very call) is committed; FINISH_EXECUTION records its output. A later resume of the same
-       turn (recovery) answers a finished call with its recorded output and a started one
-       with "outcome unknown": it never runs a call twice (agent/workflow.py `resume_parts`).
+       approval of this very call) is committed; FINISH_EXECUTION records its output. A
+       later resume of the same turn (recovery) answers a finished call with its recorded
+       output and a started one with "outcome unknown": it never runs a call twice
+       (agent/workflow.py `resume_parts`).
     4. A resume's restart parts are built from the stored request, never from a button.
     5. The tool gets the approval id as an idempotency key for the systems it calls.
 

@@ -117,10 +117,21 @@ async def gemini() -> AsyncIterator[FakeGemini]:
 
 
 @pytest.fixture
+def service_overrides() -> dict[str, Any]:
+    """Settings a test changes (parametrize this name to override it)."""
+    return {}
+
+
+@pytest.fixture
 async def service(
-    fake_slack: FakeSlack, gemini: FakeGemini, ledger: Path, bot_database: str
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    ledger: Path,
+    bot_database: str,
+    service_overrides: dict[str, Any],
 ) -> AsyncIterator[Service]:
-    svc = Service(bot_settings(fake_slack, gemini, DATABASE_URL=bot_database), host="127.0.0.1")
+    settings = bot_settings(fake_slack, gemini, DATABASE_URL=bot_database, **service_overrides)
+    svc = Service(settings, host="127.0.0.1")
     await svc.start()
     try:
         yield svc

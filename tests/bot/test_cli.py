@@ -34,6 +34,15 @@ def test_missing_configuration_is_one_clear_message_and_exit_2() -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_a_bot_without_an_approver_channel_does_not_start() -> None:
+    """Else every tool call would wait 24 hours for a card that was never posted."""
+    env = {"SLACK_BOT_TOKEN": "xoxb-1", "SLACK_SIGNING_SECRET": "s", "DATABASE_URL": "mysql://x"}
+    result = run_bot(env=env)
+    assert result.returncode == 2 and "APPROVER_CHANNEL is not set" in result.stderr
+    assert "DATABASE_URL" in result.stderr  # named with every other problem, at once
+    assert "Traceback" not in result.stderr
+
+
 def test_secrets_never_appear_in_the_error() -> None:
     result = run_bot(env={"SLACK_SIGNING_SECRET": "s3cr3t-value", "DATABASE_URL": "mysql://x"})
     assert result.returncode == 2 and "DATABASE_URL" in result.stderr

@@ -105,7 +105,7 @@ def _stream_text(args: JSON) -> str:
 
 class FakeSlack:
     """Answers like Slack's Web API and records every call; configure `users`, `usergroups`,
-    `channels` and `members` per test, or replace entries of `handlers`."""
+    `channels`, `members` and `delays` per test, or replace entries of `handlers`."""
 
     def __init__(
         self,
@@ -126,6 +126,7 @@ class FakeSlack:
         self.messages: dict[str, JSON] = {}
         self._streaming: set[str] = set()
         self._faults: dict[str, deque[_Fault]] = {}
+        self.delays: dict[str, float] = {}  # seconds a method takes to answer (latency)
         self._ticks = ts_start * 1_000_000
         self._views = 0
         self._cond = asyncio.Condition()
@@ -275,6 +276,9 @@ class FakeSlack:
         return response
 
     async def _api(self, request: web.Request) -> web.Response:
+        if delay := self.delays.get(request.match_info["method"]):
+            await asyncio.sleep(delay)  # Slack being slow, as a test asked
+
         def answer(call: Call) -> web.Response:
             handler = self.handlers.get(call.method)
             if call.token is None:

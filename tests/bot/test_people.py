@@ -1,0 +1,51 @@
+"""Who is an admin or in a group, from Slack's API, cached for at most CACHE_TTL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.app import web_client
+from bot.people import CACHE_TTL, People
+from tests.agent.conftest import Clock
+from tests.fakes.slack_api import FakeSlack
+
+
+@pytest.fixture
+async def client(fake_slack: FakeSlack) -> AsyncIterator[AsyncWebClient]:
+    client = web_client("xoxb-test", fake_slack.base_url)
+    yield client
+    assert client.session is not None
+    await client.session.close()
+
+
+async def test_a_demoted_admin_loses_the_power_within_a_minute(
+    fake_slack: FakeSlack, client: AsyncWebClient
+) -> None:
+    clock = Clock()
+    people = People(admin_users=["UCONFIGURED"], clock=clock)
+    fake_slack.users["UBOSS"] = {"is_admin": True}
+    assert await people.is_admin(client, "UBOSS")
+    fake_slack.users["UBOSS"] = {"is_admin": False}
+    clock.advance(seconds=CACHE_TTL.total_seconds() - 1)
+    assert await people.is_admin(client, "UBOSS")  # cached: no second users.info yet
+    assert len(fake_slack.calls_to("users.info")) == 1
+    clock.advance(seconds=2)
+    assert not await people.is_admin(client, "UBOSS")
+    assert await people.is_admin(client, "UCONFIGURED")  # ADMIN_USERS: no lookup at all
+    assert len(fake_slack.calls_to("users.info")) == 2
+    assert CACHE_TTL.total_seconds() <= 60
+
+
+async def test_group_membership_is_refreshed_as_often(
+    fake_slack: FakeSlack, client: AsyncWebClient
+) -> None:
+    clock = Clock()
+    people = People(admin_users=[], clock=clock)
+    fake_slack.usergroups["SFIN"] = ["UFIN"]
+    assert await people.group_members(client, "SFIN") == {"UFIN"}
+    fake_slack.usergroups["SFIN"] = []
+    clock.advance(seconds=CACHE_TTL.total_seconds() + 1)
+    assert await people.group_members(client, "SFIN") == frozenset()
