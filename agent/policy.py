@@ -40,9 +40,14 @@ class Policy:
     timeout: timedelta = timedelta(hours=24)
 
     @property
+    def names_approvers(self) -> bool:
+        """Whether the policy names who decides; if not, the approver channel's members do."""
+        return bool(self.approver_users or self.approver_groups)
+
+    @property
     def why(self) -> str:
         """Why a call of this tool needs a human, shown on the card."""
-        if self.approver_users or self.approver_groups:
+        if self.names_approvers:
             return f"{self.tool} is not on the allow-list; its policy names its approvers"
         return f"{self.tool} is not on the allow-list (default policy: every tool needs approval)"
 
@@ -52,23 +57,35 @@ class ApproverFacts:
     """What the transport knows about the person deciding.
 
     `groups` are the user groups (among those the policy names) the person belongs to;
-    `in_channel` says the decision was made in the tool's approver channel.
+    `in_channel` says the decision was made in the tool's approver channel;
+    `public_channel` that this channel is one anyone in the workspace may join.
     """
 
     groups: frozenset[str] = field(default_factory=frozenset)
     in_channel: bool = False
+    public_channel: bool = False
+
+
+Refusal = Literal["self_approval", "not_an_approver", "public_channel"]
 
 
 def refusal(
     policy: Policy, *, requester: str, approver: str, facts: ApproverFacts
-) -> Literal["self_approval", "not_an_approver"] | None:
-    """Why `approver` may not decide (None when they may)."""
+) -> Refusal | None:
+    """Why `approver` may not decide (None when they may).
+
+    A policy that names approvers (users, user groups) is what decides; one that names
+    nobody leaves it to the members of the approver channel, which must then be private:
+    anyone can join a public channel.
+    """
     if approver == requester:
         return "self_approval"
-    if policy.approver_users or policy.approver_groups:
+    if policy.names_approvers:
         if approver in policy.approver_users or facts.groups & set(policy.approver_groups):
             return None
         return "not_an_approver"
+    if facts.public_channel:
+        return "public_channel"
     return None if facts.in_channel else "not_an_approver"
 
 

@@ -20,7 +20,7 @@ from genkit import Part
 from genkit.exp import AgentChat, AgentFinishReason, AgentInterrupt, AgentResponse
 
 from agent.approval import TurnScope, current_scope, interrupt_why, recorded
-from agent.policy import ApproverFacts, Policy, PolicyService, refusal
+from agent.policy import ApproverFacts, Policy, PolicyService, Refusal, refusal
 from agent.runtime import AgentRuntime
 from storage.approval_store import ApprovalStore
 
@@ -101,7 +101,7 @@ class Decided:
         return self.approval.turn_id
 
 
-RefusalReason = Literal["not_found", "self_approval", "not_an_approver", "already_decided"]
+RefusalReason = Refusal | Literal["not_found", "already_decided"]
 
 
 class DecisionRefused(Exception):

@@ -145,6 +145,7 @@ async def bench_target(
             CPROFILE_OUT.unlink(missing_ok=True)
             extra["BENCH_CPROFILE"] = str(CPROFILE_OUT)
         slack = FakeSlack()
+        slack.channels[APPROVERS] = {"is_private": True}  # the bot refuses a public one
         await slack.start()
         observer = Observer(slack)
         gemini = LoopbackGemini(observer.note)

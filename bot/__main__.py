@@ -34,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = settings_or_exit()
     from bot.server import serve
 
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except ConfigError as exc:  # found at start: what Slack says about the approver channel
+        print(exc.render(), file=sys.stderr)
+        return 2
     return 0
 
 

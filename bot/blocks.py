@@ -293,9 +293,15 @@ def refusal_text(reason: str, a: Approval | None) -> str:
     """Ephemeral answer to a click that changed nothing."""
     if reason == "self_approval":
         return "You asked for this, so someone else has to approve it."
+    tool = _code(a.request.tool) if a else "this tool"
     if reason == "not_an_approver":
-        tool = _code(a.request.tool) if a else "this tool"
         return f"You're not one of the approvers for {tool}. Ask someone on its approver list."
+    if reason == "public_channel":
+        command = _code(f"/approvals approvers {a.request.tool if a else '<tool>'} @user @group")
+        return (
+            f"Approvals for {tool} go to a channel anyone can join, so its members can't "
+            f"approve. An admin must make the channel private or name approvers ({command})."
+        )
     if reason == "already_decided":
         match a.decision if a else None:
             case Expired(at=at):

@@ -1,6 +1,7 @@
-"""Facts about Slack people the workflow needs: admins, group members. Cached, since
-users.info and usergroups.users.list are rate limited (tiers 4 and 2), but briefly: a
-demoted admin or a member removed from an approver group loses the power within CACHE_TTL."""
+"""Facts about Slack people and channels that say who may decide: admins, group members,
+whether an approver channel is private. Cached, since users.info, usergroups.users.list and
+conversations.info are rate limited, but briefly: a demoted admin, a member removed from an
+approver group or a channel made public loses the power within CACHE_TTL."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class People:
         self._ttl = ttl
         self._admin_cache: dict[str, tuple[datetime, bool]] = {}
         self._group_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
+        self._private_cache: dict[str, tuple[datetime, bool]] = {}
 
     async def is_admin(self, client: AsyncWebClient, user: str) -> bool:
         """ADMIN_USERS, or a workspace admin or owner according to users.info."""
@@ -61,6 +63,21 @@ class People:
         self._group_cache[group] = (self._clock() + self._ttl, members)
         return members
 
+    async def is_private(self, client: AsyncWebClient, channel: str) -> bool:
+        """Whether only invited members can join `channel`; False when Slack cannot say
+        (fail closed: a channel anyone may join is no approver group)."""
+        cached = self._private_cache.get(channel)
+        if cached and cached[0] > self._clock():
+            return cached[1]
+        try:
+            info = (await client.conversations_info(channel=channel))["channel"]
+        except SlackApiError as exc:
+            log.warning("conversations.info failed for %s: %s", channel, exc.response.get("error"))
+            return False
+        private = bool(info.get("is_private"))
+        self._private_cache[channel] = (self._clock() + self._ttl, private)
+        return private
+
     async def approver_facts(
         self,
         client: AsyncWebClient,
@@ -70,10 +87,14 @@ class People:
         clicked_in: str | None,
         card_channel: str | None,
     ) -> ApproverFacts:
-        """Groups the policy names that `user` is in, and whether they clicked on the card's
-        own channel (the default policy: anyone in the approver channel)."""
+        """Groups the policy names that `user` is in, whether they clicked on the card's own
+        channel, and (when the policy names nobody, so the channel's members decide) whether
+        that channel is public."""
         groups = frozenset(
             [g for g in policy.approver_groups if user in await self.group_members(client, g)]
         )
         in_channel = clicked_in is not None and clicked_in == card_channel
-        return ApproverFacts(groups=groups, in_channel=in_channel)
+        public = False
+        if not policy.names_approvers and card_channel is not None:
+            public = not await self.is_private(client, card_channel)
+        return ApproverFacts(groups=groups, in_channel=in_channel, public_channel=public)

@@ -9,11 +9,14 @@ import logging
 import signal
 from datetime import timedelta
 
+import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
+from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
+from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import text
 
 from agent.assemble import build_workflow, new_uuid, utc_now
@@ -64,6 +67,27 @@ def signed_only(signing_secret: str) -> Middleware:
             return web.json_response({"error": "malformed request"}, status=400)
 
     return guard
+
+
+async def approver_channel_problems(client: AsyncWebClient, channel: str) -> list[str]:
+    """Why APPROVER_CHANNEL cannot be an approver group, if it cannot: its members decide
+    for every tool that names no approvers, so anyone able to join it could approve."""
+    try:
+        info = (await client.conversations_info(channel=channel))["channel"]
+    except SlackApiError as exc:
+        return [
+            f"APPROVER_CHANNEL {channel}: Slack answered {exc.response.get('error')!r} to "
+            "conversations.info. Check the channel ID, invite the bot to the channel, and "
+            "reinstall the app with the manifest's scopes (channels:read, groups:read)"
+        ]
+    except aiohttp.ClientError as exc:
+        return [f"APPROVER_CHANNEL {channel}: could not reach Slack to check it ({exc!r})"]
+    if not info.get("is_private"):
+        return [
+            f"APPROVER_CHANNEL {channel} is a public channel: anyone in the workspace could "
+            "join it and approve. Use a private channel (or make this one private)"
+        ]
+    return []
 
 
 class Service:
@@ -125,6 +149,9 @@ class Service:
             signing_secret=None if s.socket_mode else signing,
             api_url=s.SLACK_API_URL,
         )
+        assert s.APPROVER_CHANNEL is not None  # serving_problems() requires it
+        if problems := await approver_channel_problems(app.client, s.APPROVER_CHANNEL):
+            raise ConfigError(problems)
         # Socket Mode gets no Slack route: unsigned HTTP requests must never reach Bolt.
         web_app = web.Application() if s.socket_mode else app.web_app(path=SLACK_PATH)
         if not s.socket_mode and signing is not None:
@@ -205,9 +232,9 @@ async def serve(settings: Settings, *, host: str = "0.0.0.0") -> None:  # noqa: 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await service.start()
-    freeze_heap()
     try:
+        await service.start()
+        freeze_heap()
         await stop.wait()
         log.info("shutting down")
     finally:

@@ -108,6 +108,11 @@ class Settings(BaseSettings):
                 "SLACK_BOT_TOKEN is not set: copy the Bot User OAuth Token (xoxb-...) "
                 "from your Slack app's OAuth & Permissions page"
             )
+        if self.AGENT_MODEL.startswith("googleai/") and self.GEMINI_API_KEY is None:
+            problems.append(
+                f"GEMINI_API_KEY is not set (needed for AGENT_MODEL {self.AGENT_MODEL}): "
+                "create a key at https://aistudio.google.com/app/apikey"
+            )
         if self.APPROVER_CHANNEL is None:
             problems.append(
                 "APPROVER_CHANNEL is not set: every tool needs approval until an admin allows "
@@ -157,6 +162,8 @@ def load_settings(*, serving: bool) -> Settings:
                 SLACK_SIGNING_SECRET=given("SLACK_SIGNING_SECRET"),
                 SLACK_APP_TOKEN=given("SLACK_APP_TOKEN"),
                 APPROVER_CHANNEL=os.environ.get("APPROVER_CHANNEL") or None,
+                GEMINI_API_KEY=given("GEMINI_API_KEY"),
+                AGENT_MODEL=os.environ.get("AGENT_MODEL") or DEFAULT_MODEL,
             )
             problems += probe.serving_problems()
         raise ConfigError(problems) from None

@@ -110,9 +110,34 @@ async def change(c: Invocation) -> str:
         raise Usage(f"Usage: `/approvals {c.verb} <tool> …`")
     if not await c.deps.people.is_admin(c.client, c.user):
         return "Only workspace admins and Greenlight admins can change that."
-    changes = policy_change(c.verb, c.args[1:])
-    policy = await c.deps.workflow.policies.change(c.team, c.args[0], by=c.user, **changes)
+    tool, changes = c.args[0], policy_change(c.verb, c.args[1:])
+    if refused := await public_channel_refusal(c, tool, changes):
+        return refused
+    policy = await c.deps.workflow.policies.change(c.team, tool, by=c.user, **changes)
     return "Done.\n" + describe(policy)
+
+
+async def public_channel_refusal(c: Invocation, tool: str, changes: dict[str, Any]) -> str | None:
+    """Why a route or an approvers change is refused: it would leave the tool's approvers
+    "the members of a channel" that anyone in the workspace can join."""
+    if c.verb not in ("route", "approvers"):
+        return None
+    policies = c.deps.workflow.policies
+    if tool not in policies.known_tools():
+        raise UnknownTool(tool, policies.known_tools())
+    current = await policies.get(c.team, tool)
+    channel = changes.get("channel", current.channel)
+    named = current.names_approvers
+    if "approver_users" in changes:
+        named = bool(changes["approver_users"] or changes["approver_groups"])
+    if named or channel is None or await c.deps.people.is_private(c.client, channel):
+        return None
+    name = escape(tool)
+    return (
+        f"<#{channel}> is a public channel: anyone in the workspace could join it and approve "
+        f"`{name}`. Make the channel private, or first name who may approve with "
+        f"`/approvals approvers {name} @user @group`. Nothing was changed."
+    )
 
 
 async def list_tools(c: Invocation) -> str:

@@ -107,6 +107,7 @@ def bot_settings(slack: FakeSlack, gemini: FakeGemini, **overrides: Any) -> Sett
 @pytest.fixture
 async def fake_slack() -> AsyncIterator[FakeSlack]:
     async with FakeSlack() as slack:
+        slack.channels[APPROVERS] = {"is_private": True}  # the only kind the bot accepts
         yield slack
 
 

@@ -40,6 +40,7 @@ def test_a_bot_without_an_approver_channel_does_not_start() -> None:
     result = run_bot(env=env)
     assert result.returncode == 2 and "APPROVER_CHANNEL is not set" in result.stderr
     assert "DATABASE_URL" in result.stderr  # named with every other problem, at once
+    assert "GEMINI_API_KEY is not set" in result.stderr  # the default model is Gemini
     assert "Traceback" not in result.stderr
 
 
@@ -58,15 +59,16 @@ def test_offline_demo_shows_one_approval_and_one_denial(tmp_path: Path) -> None:
     assert "transactionId" in out and "denied by UAPPROVER" in out
 
 
-# Which bot scope each Web API method the code calls needs (None: no scope needed).
-SCOPES = {
-    "chat_postMessage": "chat:write",
-    "chat_update": "chat:write",
-    "chat_postEphemeral": "chat:write",
-    "chat_getPermalink": None,
-    "views_open": None,
-    "users_info": "users:read",
-    "usergroups_users_list": "usergroups:read",
+# Which bot scopes each Web API method the code calls needs.
+SCOPES: dict[str, tuple[str, ...]] = {
+    "chat_postMessage": ("chat:write",),
+    "chat_update": ("chat:write",),
+    "chat_postEphemeral": ("chat:write",),
+    "chat_getPermalink": (),
+    "views_open": (),
+    "users_info": ("users:read",),
+    "usergroups_users_list": ("usergroups:read",),
+    "conversations_info": ("channels:read", "groups:read"),  # public and private channels
 }
 EVENT_SCOPES = {
     "app_mention": "app_mentions:read",
@@ -82,7 +84,7 @@ def test_manifest_asks_for_exactly_the_scopes_the_code_uses() -> None:
     called = set(re.findall(r"client\.(\w+)\(", code))
     assert called <= set(SCOPES), f"map these methods to scopes: {called - set(SCOPES)}"
     events = manifest["settings"]["event_subscriptions"]["bot_events"]
-    needed = {SCOPES[m] for m in called} - {None}
+    needed = {scope for m in called for scope in SCOPES[m]}
     needed |= {EVENT_SCOPES[e] for e in events} | {"commands"}
     assert set(manifest["oauth_config"]["scopes"]["bot"]) == needed
     assert manifest["settings"]["socket_mode_enabled"] is True

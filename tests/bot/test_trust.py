@@ -3,19 +3,26 @@ approve. Each rule against the real service, fake Slack, fake Gemini and Postgre
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.workflow import Expired, Reply
 from bot.server import Service
+from bot.settings import ConfigError
 from tests import ledger_tools
-from tests.bot.conftest import ADMIN, APPROVERS, SlackClient, settle
+from tests.bot.conftest import ADMIN, APPROVERS, SlackClient, bot_settings, settle
 from tests.bot.test_e2e import BOSS, ask, text_of
 from tests.conftest import poll
 from tests.fakes.gemini import FakeGemini, text
 from tests.fakes.slack_api import FakeSlack
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("service_overrides", [{"APPROVAL_TIMEOUT_SECONDS": 1}])
@@ -81,3 +88,78 @@ async def test_a_click_whose_lookups_outlast_the_deadline_changes_nothing(
     assert after is not None and isinstance(after.decision, Expired)
     assert ledger_tools.entries() == []
     await finish_expired(service, gemini, team)
+
+
+# -- 1. A public channel is not an approver group ---------------------------------------------
+
+
+async def test_a_public_approver_channel_stops_the_service_at_start(
+    fake_slack: FakeSlack, gemini: FakeGemini, bot_database: str
+) -> None:
+    fake_slack.channels[APPROVERS] = {"is_private": False}
+    svc = Service(bot_settings(fake_slack, gemini, DATABASE_URL=bot_database), host="127.0.0.1")
+    with pytest.raises(ConfigError) as refused:
+        await svc.start()
+    await svc.stop()
+    assert "APPROVER_CHANNEL C0APPROVE is a public channel" in refused.value.render()
+    assert svc.port is None  # it never listened
+
+
+async def test_the_cli_exits_2_naming_a_public_approver_channel(
+    fake_slack: FakeSlack, tmp_path: Path
+) -> None:
+    fake_slack.channels["C0PUBLIC"] = {"is_private": False}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GEMINI_"))}
+    env |= {
+        "SLACK_BOT_TOKEN": "xoxb-test",
+        "SLACK_SIGNING_SECRET": "s",
+        "SLACK_API_URL": fake_slack.base_url,
+        "GEMINI_API_KEY": "k",
+        "APPROVER_CHANNEL": "C0PUBLIC",
+        "DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}",
+        "PORT": "0",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", env=env, cwd=ROOT, stderr=asyncio.subprocess.PIPE
+    )
+    _, stderr = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode == 2, stderr.decode()
+    assert "APPROVER_CHANNEL C0PUBLIC is a public channel" in stderr.decode()
+    assert "Traceback" not in stderr.decode()
+
+
+async def test_a_route_to_a_public_channel_is_refused_until_approvers_are_named(
+    client: SlackClient, fake_slack: FakeSlack, team: str, service: Service
+) -> None:
+    fake_slack.channels["C0PRIVATE"] = {"is_private": True}  # "C0PUBLIC": public by default
+    _, refused = await client.command(team, ADMIN, "route transferMoney <#C0PUBLIC|general>")
+    assert "<#C0PUBLIC> is a public channel" in refused and "Nothing was changed" in refused
+    assert "`/approvals approvers transferMoney @user @group`" in refused
+    _, listing = await client.command(team, ADMIN, "list")
+    assert "`transferMoney` — needs approval · <#C0APPROVE>" in listing
+    _, done = await client.command(team, ADMIN, "route transferMoney <#C0PRIVATE|finance>")
+    assert done.startswith("Done.") and "<#C0PRIVATE>" in done
+    # Resetting the approvers to "the channel's members" checks the channel too.
+    _, named = await client.command(team, ADMIN, "approvers transferMoney <@UCFO>")
+    assert named.startswith("Done.")
+    _, public = await client.command(team, ADMIN, "route transferMoney C0PUBLIC")
+    assert public.startswith("Done.")  # named approvers decide; the channel only shows cards
+    _, reset = await client.command(team, ADMIN, "approvers transferMoney channel")
+    assert "<#C0PUBLIC> is a public channel" in reset
+    _, listing = await client.command(team, ADMIN, "list")
+    assert "approvers: <@UCFO>" in listing
+
+
+async def test_a_click_in_an_approver_channel_made_public_is_refused(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    asked = await ask(client, fake_slack, gemini, team)
+    fake_slack.channels[APPROVERS] = {"is_private": False}  # someone made it public since
+    assert (await client.click(team, BOSS, "approve", asked.card))[0] == 200
+    (ephemeral,) = await fake_slack.wait_for("chat.postEphemeral")
+    assert ephemeral.args["user"] == BOSS
+    assert "go to a channel anyone can join" in text_of(ephemeral)
+    await settle(service)
+    assert service.deps is not None
+    still = await service.deps.workflow.approval(team, asked.approval_id)
+    assert still is not None and still.decision is None and ledger_tools.entries() == []
