@@ -48,6 +48,8 @@ UNKNOWN_OUTCOME = {
 class TurnScope:
     team_id: str
     requester: str
+    # Everyone whose message led to this turn (the requester among them).
+    participants: tuple[str, ...] = ()
     # A resume's approvals, as claimed: the only ones a restart of this turn may carry.
     approvals: Mapping[str, Approval] = field(default_factory=dict)
     # Policies as read at this turn's tool calls, so pausing needs no second read.

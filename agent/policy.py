@@ -66,20 +66,28 @@ class ApproverFacts:
     public_channel: bool = False
 
 
-Refusal = Literal["self_approval", "not_an_approver", "public_channel"]
+Refusal = Literal["self_approval", "participant", "not_an_approver", "public_channel"]
 
 
 def refusal(
-    policy: Policy, *, requester: str, approver: str, facts: ApproverFacts
+    policy: Policy,
+    *,
+    requester: str,
+    participants: Collection[str] = (),
+    approver: str,
+    facts: ApproverFacts,
 ) -> Refusal | None:
     """Why `approver` may not decide (None when they may).
 
-    A policy that names approvers (users, user groups) is what decides; one that names
-    nobody leaves it to the members of the approver channel, which must then be private:
-    anyone can join a public channel.
+    Four eyes over the whole conversation: neither the requester nor anyone else whose
+    message led to the call (`participants`) decides it. Then a policy that names approvers
+    (users, user groups) is what decides; one that names nobody leaves it to the members of
+    the approver channel, which must be private: anyone can join a public channel.
     """
     if approver == requester:
         return "self_approval"
+    if approver in participants:
+        return "participant"
     if policy.names_approvers:
         if approver in policy.approver_users or facts.groups & set(policy.approver_groups):
             return None

@@ -161,6 +161,7 @@ class Workflow:
         now = self._clock()
         held = await self._store.hold_thread(
             thread,
+            author=requester,
             new_id=self._new_id(),
             now=now,
             # Held for as long as the turn may run, so a second message never forks it.
@@ -168,7 +169,7 @@ class Workflow:
         )
         if held is None:
             return Busy(thread, await self._store.waiting_on(thread))
-        scope = TurnScope(team_id=thread.team_id, requester=requester)
+        scope = TurnScope(thread.team_id, requester, participants=held.participants)
         try:
             out = await self._run(scope, held.snapshot_id, on_text, lambda c: c.send_stream(text))
         except Exception:
@@ -191,9 +192,11 @@ class Workflow:
             log.debug("turn %s not resumed here: %s", turn_id, refused)
             return None
         thread = claim.thread
+        asked = claim.approvals[0].request
         scope = TurnScope(
             team_id=thread.team_id,
-            requester=claim.approvals[0].request.requester,
+            requester=asked.requester,
+            participants=asked.participants,
             approvals={a.id: a for a in claim.approvals},
         )
         respond, restart = resume_parts(claim.approvals)
@@ -245,8 +248,14 @@ class Workflow:
         policy = self._policies.of(approval.request.tool, found[1])
         if callable(facts):
             facts = await facts(approval, policy)
-        requester = approval.request.requester
-        why = refusal(policy, requester=requester, approver=approver, facts=facts)
+        r = approval.request
+        why = refusal(
+            policy,
+            requester=r.requester,
+            participants=r.participants,
+            approver=approver,
+            facts=facts,
+        )
         if why is not None:
             raise DecisionRefused(why, approval)
         return approval
@@ -377,6 +386,7 @@ class Workflow:
                 why=whys.get(intr.ref) or policy.why,
                 requested_at=now,
                 expires_at=now + policy.timeout,
+                participants=scope.participants,
             )
             card = Card(policy.channel) if policy.channel else None
             approvals.append(Approval(self._new_id(), turn.id, thread, request, card=card))

@@ -226,7 +226,11 @@ async def postgres_forms(
     out: dict[str, dict[str, float]] = {}
     thread = sample.thread
     held = await approval_store.ApprovalStore(sessions).hold_thread(
-        Thread(TEAM, "D0FORMS", "1.1"), new_id=str(uuid.uuid4()), now=utc_now(), until=utc_now()
+        Thread(TEAM, "D0FORMS", "1.1"),
+        author="UEMP",
+        new_id=str(uuid.uuid4()),
+        now=utc_now(),
+        until=utc_now(),
     )
     assert held is not None
 

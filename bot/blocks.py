@@ -181,6 +181,8 @@ def approval_card(
     title = "Approval needed" if pending else a.state.value.capitalize()
     header = _fit(f"{title}: {r.tool}", HEADER_MAX)[0]
     who = f"*Requested by* {mention(r.requester)}"
+    if others := [p for p in dict.fromkeys(r.participants) if p != r.requester][:20]:
+        who += f"  ·  also in the conversation: {', '.join(mention(p) for p in others)}"
     if link := _link(thread_link, "View the conversation"):
         who += f"  ·  {link}"
     blocks: list[Block] = [
@@ -293,6 +295,11 @@ def refusal_text(reason: str, a: Approval | None) -> str:
     """Ephemeral answer to a click that changed nothing."""
     if reason == "self_approval":
         return "You asked for this, so someone else has to approve it."
+    if reason == "participant":
+        return (
+            "You took part in the conversation that led to this request, so someone else "
+            "has to approve it."
+        )
     tool = _code(a.request.tool) if a else "this tool"
     if reason == "not_an_approver":
         return f"You're not one of the approvers for {tool}. Ask someone on its approver list."

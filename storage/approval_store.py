@@ -338,6 +338,7 @@ _NEW_THREAD = {
     "channel_id": sa.bindparam("channel", type_=C.c.channel_id.type),
     "thread_ts": sa.bindparam("thread", type_=C.c.thread_ts.type),
     "busy_until": sa.bindparam("until", type_=C.c.busy_until.type),
+    "participants": sa.bindparam("participants", type_=C.c.participants.type),
     "created_at": _now,
 }
 OPEN_THREAD = (
@@ -346,13 +347,19 @@ OPEN_THREAD = (
         list(_NEW_THREAD),
         sa.select(*_NEW_THREAD.values()).where(~sa.exists().where(_THREAD)),
     )
-    .returning(C.c.id, C.c.snapshot_id)
+    .returning(C.c.id, C.c.snapshot_id, C.c.participants)
 )
 TAKE_THREAD = (
     sa.update(C)
     .where(_THREAD, _idle)
     .values(busy_until=sa.bindparam("until"))
-    .returning(C.c.id, C.c.snapshot_id)
+    .returning(C.c.id, C.c.snapshot_id, C.c.participants)
+)
+# Only the thread's holder writes it, so a whole new list loses nobody.
+SET_PARTICIPANTS = (
+    sa.update(C)
+    .where(C.c.id == sa.bindparam("conversation"))
+    .values(participants=sa.bindparam("people", type_=C.c.participants.type))
 )
 
 _event = {
@@ -368,10 +375,12 @@ FORGET_EVENTS = sa.delete(S).where(S.c.received_at < _now)
 
 @dataclass(frozen=True)
 class HeldThread:
-    """A thread taken for one turn: its conversation, and the snapshot it continues from."""
+    """A thread taken for one turn: its conversation, the snapshot it continues from, and
+    every human whose message ran a turn in it (this turn's author included)."""
 
     conversation_id: str
     snapshot_id: str | None
+    participants: tuple[str, ...]
 
 
 class ApprovalStore:
@@ -396,20 +405,28 @@ class ApprovalStore:
             await db.execute(FORGET_EVENTS, {"now": before})
 
     async def hold_thread(
-        self, thread: Thread, *, new_id: str, now: datetime, until: datetime
+        self, thread: Thread, *, author: str, new_id: str, now: datetime, until: datetime
     ) -> HeldThread | None:
-        """Take the thread's conversation (created on its first message) for one turn, until
-        `until`; None while another turn runs or waits for approval in it."""
+        """Take the thread's conversation (created on its first message) for one turn by
+        `author`'s message, until `until`; None while another turn runs or waits for
+        approval in it. The author joins the conversation's participants."""
         values = _thread(thread) | {"new_id": new_id, "now": now, "until": until}
         try:
             async with autocommit(self._sessions) as db:
-                row = (await db.execute(OPEN_THREAD, values)).first()
+                row = (await db.execute(OPEN_THREAD, values | {"participants": [author]})).first()
         except IntegrityError:  # a racing first message created it: take it, or find it busy
             row = None
         if row is None:
             async with autocommit(self._sessions) as db:
                 row = (await db.execute(TAKE_THREAD, values)).first()
-        return None if row is None else HeldThread(row.id, row.snapshot_id)
+        if row is None:
+            return None
+        people = tuple(row.participants)
+        if author not in people:  # held by this turn alone, so nobody else writes it now
+            people += (author,)
+            async with autocommit(self._sessions) as db:
+                await db.execute(SET_PARTICIPANTS, {"conversation": row.id, "people": list(people)})
+        return HeldThread(row.id, row.snapshot_id, people)
 
     async def release_thread(self, conversation_id: str, *, snapshot_id: str | None) -> None:
         """Free the thread; the next message continues from `snapshot_id` when given."""
@@ -716,6 +733,7 @@ def _approval(row: Mapping[Any, Any], thread: Thread) -> Approval:
         why=row["why"],
         requested_at=row["requested_at"],
         expires_at=row["expires_at"],
+        participants=tuple(row["participants"]),
     )
     card = None if row["card_channel"] is None else Card(row["card_channel"], row["card_ts"])
     return Approval(
@@ -766,6 +784,7 @@ def _columns(approval: Approval) -> dict[str, Any]:
         "requested_at": r.requested_at,
         "expires_at": r.expires_at,
         "why": r.why,
+        "participants": list(r.participants),
         "status": REQUEST.enters,
         "decided_by": None,
         "decided_at": None,

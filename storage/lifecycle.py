@@ -234,6 +234,8 @@ class Request:
     why: str
     requested_at: datetime
     expires_at: datetime
+    # Everyone whose message led to the call (the requester among them): none may decide.
+    participants: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

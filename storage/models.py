@@ -9,6 +9,7 @@ import enum
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
+import sqlalchemy as sa
 from sqlalchemy import JSON, DateTime, Enum, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -94,6 +95,8 @@ class ConversationRow(Base):
     snapshot_id: Mapped[str | None] = mapped_column(String(128))
     busy_until: Mapped[datetime | None]
     created_at: Mapped[datetime]
+    # Every human whose message ran a turn here: none of them may approve what it leads to.
+    participants: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'"))
 
     __table_args__ = (
         Index("ux_conversations_thread", "team_id", "channel_id", "thread_ts", unique=True),
@@ -134,6 +137,8 @@ class ApprovalRow(Base):
     requested_at: Mapped[datetime]
     expires_at: Mapped[datetime]
     why: Mapped[str] = mapped_column(Text)
+    # The conversation's participants when the call was made (the requester among them).
+    participants: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'"))
     status: Mapped[ApprovalState] = mapped_column(_enum(ApprovalState))
     decided_by: Mapped[str | None] = mapped_column(String(32))
     decided_at: Mapped[datetime | None]

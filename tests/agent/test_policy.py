@@ -24,8 +24,9 @@ IN_FINANCE = ApproverFacts(groups=frozenset({"SFINANCE"}))
         # The requester never decides their own request, whatever else holds.
         (CHANNEL, "UASK", IN_CHANNEL, "self_approval"),
         (NAMED, "UASK", IN_FINANCE, "self_approval"),
-        # Default policy: anyone who clicks in the tool's approver channel.
+        # Default policy: anyone who clicks in the tool's approver channel, if private.
         (CHANNEL, "UBOSS", IN_CHANNEL, None),
+        (CHANNEL, "UBOSS", ApproverFacts(in_channel=True, public_channel=True), "public_channel"),
         (CHANNEL, "UBOSS", ApproverFacts(), "not_an_approver"),
         (CHANNEL, "UBOSS", IN_FINANCE, "not_an_approver"),
         # Named approvers: the users listed and members of the groups listed, anywhere.
@@ -37,3 +38,16 @@ IN_FINANCE = ApproverFacts(groups=frozenset({"SFINANCE"}))
 )
 def test_refusal(policy: Policy, approver: str, facts: ApproverFacts, expected: str | None) -> None:
     assert refusal(policy, requester="UASK", approver=approver, facts=facts) == expected
+
+
+@pytest.mark.parametrize("policy", [CHANNEL, NAMED])
+def test_nobody_whose_message_led_to_the_call_decides_it(policy: Policy) -> None:
+    everyone = ApproverFacts(in_channel=True, groups=frozenset({"SFINANCE"}))
+    people = ("UASK", "UPLANTED")
+    for approver, expected in (("UASK", "self_approval"), ("UPLANTED", "participant")):
+        why = refusal(
+            policy, requester="UASK", participants=people, approver=approver, facts=everyone
+        )
+        assert why == expected
+    third = refusal(policy, requester="UASK", participants=people, approver="UCFO", facts=everyone)
+    assert third is None

@@ -4,6 +4,7 @@ approve. Each rule against the real service, fake Slack, fake Gemini and Postgre
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import time
@@ -16,11 +17,20 @@ from agent.workflow import Expired, Reply
 from bot.server import Service
 from bot.settings import ConfigError
 from tests import ledger_tools
-from tests.bot.conftest import ADMIN, APPROVERS, SlackClient, bot_settings, settle
-from tests.bot.test_e2e import BOSS, ask, text_of
+from tests.bot.conftest import (
+    ADMIN,
+    APPROVERS,
+    SlackClient,
+    bot_settings,
+    in_channel,
+    new_ts,
+    settle,
+)
+from tests.bot.test_e2e import BOSS, TRANSFER, ask, decided_card, text_of
 from tests.conftest import poll
-from tests.fakes.gemini import FakeGemini, text
-from tests.fakes.slack_api import FakeSlack
+from tests.fakes import slack_payloads as sp
+from tests.fakes.gemini import FakeGemini, function_call, text
+from tests.fakes.slack_api import BOT_USER_ID, FakeSlack
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -163,3 +173,39 @@ async def test_a_click_in_an_approver_channel_made_public_is_refused(
     assert service.deps is not None
     still = await service.deps.workflow.approval(team, asked.approval_id)
     assert still is not None and still.decision is None and ledger_tools.entries() == []
+
+
+# -- 2. Four eyes over the whole conversation -------------------------------------------------
+
+
+async def test_nobody_whose_message_led_to_the_call_may_approve_it(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """In a channel, A asks the bot something, B asks for the transfer in the same thread:
+    A planted the instruction as much as B asked for it, so A's Approve is refused."""
+    channel, a, b, third = "C0TEAM", "UALICE", "UBOB", "UCAROL"
+    top = new_ts()
+    gemini.script(text("Noted: pay the vendor when someone asks."))
+    mention = sp.app_mention_event(team, a, channel, f"<@{BOT_USER_ID}> remember the vendor", top)
+    assert (await client.send(mention))[0] == 200
+    await fake_slack.wait_for("chat.update", predicate=in_channel(channel))  # the reply
+    await settle(service)
+    gemini.script(function_call("transferMoney", TRANSFER, id="call-1"))
+    reply = sp.message_channel_event(team, b, channel, "thanks, go ahead", new_ts(), top)
+    assert (await client.send(reply))[0] == 200
+    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
+    shown = json.dumps(card.args["blocks"])
+    assert f"*Requested by* <@{b}>" in shown and f"also in the conversation: <@{a}>" in shown
+
+    assert (await client.click(team, a, "approve", card))[0] == 200
+    (refused,) = await fake_slack.wait_for("chat.postEphemeral")
+    assert refused.args["user"] == a
+    assert "took part in the conversation that led to this request" in text_of(refused)
+    await settle(service)
+    assert ledger_tools.entries() == []
+
+    gemini.script(text("Sent."))
+    assert (await client.click(team, third, "approve", card))[0] == 200
+    await fake_slack.wait_for("chat.update", predicate=decided_card(f"Approved by <@{third}>"))
+    await poll(lambda: len(ledger_tools.entries()) == 1, "the transfer")
+    await settle(service)

@@ -149,6 +149,24 @@ def message_im_event(
     return _event_callback(team, event, event_id, app_id, bot_user_id)
 
 
+def message_channel_event(
+    team: str,
+    user: str,
+    channel: str,
+    text: str,
+    ts: str,
+    thread_ts: str | None = None,
+    event_id: str | None = None,
+    *,
+    app_id: str = APP_ID,
+    bot_user_id: str = BOT_USER_ID,
+) -> Payload:
+    """A message in a channel the bot is in (`message.channels`), e.g. a reply in a thread."""
+    event = _user_message("message", team, user, channel, text, ts, thread_ts)
+    event["channel_type"] = "channel"
+    return _event_callback(team, event, event_id, app_id, bot_user_id)
+
+
 def app_mention_event(
     team: str,
     user: str,

@@ -287,7 +287,9 @@ def new_approval(thread: Thread, turn_id: str, i: int) -> Approval:
 
 async def test_pause_writes_the_turn_its_approvals_and_their_audit_rows(db: Db) -> None:
     thread = db.thread()
-    held = await db.store.hold_thread(thread, new_id=str(uuid.uuid4()), now=NOW, until=NOW + HOUR)
+    held = await db.store.hold_thread(
+        thread, author="UASK", new_id=str(uuid.uuid4()), now=NOW, until=NOW + HOUR
+    )
     assert held is not None and held.snapshot_id is None
     turn = PausedTurn(str(uuid.uuid4()), held.conversation_id, thread, "s", "snap", NOW)
     approvals = [new_approval(thread, turn.id, i) for i in range(3)]
@@ -300,7 +302,10 @@ async def test_pause_writes_the_turn_its_approvals_and_their_audit_rows(db: Db) 
     }
     # The waiting turn keeps the thread, even once its time as a running turn is over.
     later = NOW + 2 * HOUR
-    assert await db.store.hold_thread(thread, new_id="x", now=later, until=later) is None
+    assert (
+        await db.store.hold_thread(thread, author="UASK", new_id="x", now=later, until=later)
+        is None
+    )
 
 
 async def test_a_chained_pause_is_written_only_with_its_completion(db: Db) -> None:
@@ -323,12 +328,22 @@ async def test_a_chained_pause_is_written_only_with_its_completion(db: Db) -> No
 async def test_threads_and_events(db: Db) -> None:
     thread = db.thread()
     assert not await db.store.knows(thread)
-    first = await db.store.hold_thread(thread, new_id=str(uuid.uuid4()), now=NOW, until=NOW + HOUR)
+    first = await db.store.hold_thread(
+        thread, author="UASK", new_id=str(uuid.uuid4()), now=NOW, until=NOW + HOUR
+    )
     assert first is not None and await db.store.knows(thread)
-    assert await db.store.hold_thread(thread, new_id="y", now=NOW, until=NOW + HOUR) is None
+    assert (
+        await db.store.hold_thread(thread, author="UASK", new_id="y", now=NOW, until=NOW + HOUR)
+        is None
+    )
     await db.store.release_thread(first.conversation_id, snapshot_id="s1")
-    again = await db.store.hold_thread(thread, new_id="z", now=NOW, until=NOW + HOUR)
-    assert again == replace(first, snapshot_id="s1")
+    again = await db.store.hold_thread(
+        thread, author="UOTHER", new_id="z", now=NOW, until=NOW + HOUR
+    )
+    assert again == replace(first, snapshot_id="s1", participants=("UASK", "UOTHER"))
+    await db.store.release_thread(first.conversation_id, snapshot_id=None)
+    third = await db.store.hold_thread(thread, author="UASK", new_id="w", now=NOW, until=NOW + HOUR)
+    assert third is not None and third.participants == ("UASK", "UOTHER")  # each one once
     event = f"Ev{uuid.uuid4().hex}"
     results = await asyncio.gather(*(db.store.accept_event(event, now=NOW) for _ in range(5)))
     assert sorted(results) == [False] * 4 + [True]
