@@ -1,14 +1,18 @@
 """Slack messages as data: pure functions from workflow facts to Block Kit payloads.
 
 Everything untrusted (tool input, model output, user text, reasons) is escaped so it can never
-ping (`<!channel>`, `<@U…>`) or forge links, and clipped so Slack never rejects a message for
-length. Only ids that look like Slack ids become mentions.
+ping (`<!channel>`, `<@U…>`) or forge links, with every hidden character (controls,
+bidirectional overrides, zero-width and other invisible code points) shown as a visible
+escape, and clipped so Slack never rejects a message for length. Text goes out `verbatim`, so
+Slack links nothing it finds in it by itself. Only ids that look like Slack ids become
+mentions.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -38,20 +42,75 @@ _CHANNEL = re.compile(r"[CG][A-Z0-9]{1,30}")
 _URL = re.compile(r"https://[^\s<>|]{1,500}")
 
 
+# Code points a reader cannot see, or that change how what follows them is shown: controls
+# (but the line break), format characters (bidirectional overrides and isolates, zero-width
+# spaces and joiners, the byte-order mark, tags), separators other than the plain space,
+# invisible letters and fillers, variation selectors, private use, lone surrogates.
+HIDDEN = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u00a0\u00ad\u034f\u061c\u115f\u1160\u1680"
+    "\u17b4\u17b5\u180b-\u180f\u2000-\u200f\u2028-\u202f\u205f-\u206f\u2800\u3000"
+    "\u3164\ud800-\udfff\ue000-\uf8ff\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb"
+    "\u0600-\u0605\u06dd\u070f\u0890\u0891\u08e2\U000110bd\U000110cd"
+    "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0000-\U000e0fff\U000f0000-\U0010ffff]"
+)
+_WORD = re.compile(r"\w+")
+_LOOKALIKE_SCRIPTS = ("LATIN", "CYRILLIC", "GREEK")
+
+
+def reveal(text: str) -> str:
+    """Hidden characters as visible escapes: 1234, U+202E, 98765 is shown `1234\\u202e98765`,
+    not as 123456789."""
+    return HIDDEN.sub(_visible, text)
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def has_hidden(text: str) -> bool:
+    return HIDDEN.search(text) is not None
+
+
+def mixes_scripts(text: str) -> bool:
+    """Whether a word mixes Latin, Cyrillic and Greek letters (paypal with a Cyrillic a)."""
+    for word in _WORD.findall(text):
+        if word.isascii():
+            continue
+        scripts = {
+            name.split(" ", 1)[0]
+            for ch in word
+            if ch.isalpha() and (name := unicodedata.name(ch, "")).startswith(_LOOKALIKE_SCRIPTS)
+        }
+        if len(scripts) > 1:
+            return True
+    return False
+
+
 def escape(text: str) -> str:
-    """Neutralise Slack's control characters; mentions and links then render as plain text."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """Neutralise Slack's control characters (mentions and links then render as plain text)
+    and show hidden characters."""
+    return reveal(text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
 
 
 def _clip(escaped: str, limit: int) -> str:
-    """Shorten already-escaped text to `limit` chars without cutting an `&amp;` in half."""
+    """Shorten already-escaped text to `limit` chars, marked, cutting no escape in half."""
     if len(escaped) <= limit:
         return escaped
-    cut = escaped[: limit - len(ELLIPSIS)]
-    amp = cut.rfind("&", max(0, len(cut) - 4))
-    if amp != -1 and ";" not in cut[amp:]:
-        cut = cut[:amp]
-    return cut + ELLIPSIS
+    return escaped[: _safe_cut(escaped, limit - len(ELLIPSIS))] + ELLIPSIS
+
+
+def _safe_cut(escaped: str, cut: int) -> int:
+    """`cut`, or earlier so that no `&amp;` or `\\u202e` is cut in half."""
+    amp = escaped.rfind("&", max(0, cut - 4), cut)
+    if amp != -1 and ";" not in escaped[amp:cut]:
+        cut = amp
+    for mark, length in (("\\u", 6), ("\\U", 10)):
+        at = escaped.rfind(mark, max(0, cut - length + 1), cut)
+        if at != -1 and at + length > cut:
+            cut = at
+    return cut
 
 
 def _fit(raw: str, limit: int) -> tuple[str, bool]:
@@ -116,12 +175,56 @@ def _code(text: str) -> str:
     return "`" + _fit(text.replace("`", "'"), KEY_MAX)[0] + "`"
 
 
+def _mrkdwn(text: str) -> Block:
+    """Our markup around escaped text; `verbatim`: Slack auto-links nothing in it."""
+    return {"type": "mrkdwn", "text": text, "verbatim": True}
+
+
 def _section(text: str) -> Block:
-    return {"type": "section", "text": {"type": "mrkdwn", "text": _clip(text, SECTION_MAX)}}
+    return {"type": "section", "text": _mrkdwn(_clip(text, SECTION_MAX))}
 
 
 def _context(text: str) -> Block:
-    return {"type": "context", "elements": [{"type": "mrkdwn", "text": _clip(text, SECTION_MAX)}]}
+    return {"type": "context", "elements": [_mrkdwn(_clip(text, SECTION_MAX))]}
+
+
+def _text_message(text: str) -> Message:
+    """A message of escaped text: `text` for notifications, the same in verbatim sections."""
+    return {"text": text, "blocks": [_section(chunk) for chunk in _chunks(text, SECTION_MAX)]}
+
+
+def _chunks(escaped: str, size: int) -> list[str]:
+    """Escaped text in pieces of at most `size`, cut at a line or a space where one is near,
+    never inside an escape."""
+    chunks = []
+    while len(escaped) > size:
+        cut = max(escaped.rfind("\n", size // 2, size), escaped.rfind(" ", size // 2, size))
+        cut = cut if cut > 0 else _safe_cut(escaped, size)
+        chunks.append(escaped[:cut])
+        escaped = escaped[cut:].lstrip(" ")
+    return [*chunks, escaped]
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string in a JSON value, keys included."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (str(k), *_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def warnings(key: str, value: Any) -> list[str]:
+    """What a reader of this field should know that the text alone would hide from them."""
+    found = []
+    texts = [key, *_strings(value)]
+    if any(has_hidden(t) for t in texts):
+        found.append("⚠️ _contains hidden characters (shown as \\u…)_")
+    if any(mixes_scripts(t) for t in texts):
+        found.append("⚠️ _mixes alphabets in one word (look-alike letters)_")
+    return found
 
 
 def _input_fields(data: Mapping[str, Any]) -> tuple[list[Block], bool]:
@@ -134,9 +237,13 @@ def _input_fields(data: Mapping[str, Any]) -> tuple[list[Block], bool]:
         k, k_cut = _fit(str(key), KEY_MAX)
         v, v_cut = _fit(_show(value, VALUE_MAX), VALUE_MAX)
         shortened = shortened or k_cut or v_cut
-        fields.append({"type": "mrkdwn", "text": f"*{k}*\n{v or ' '}"})
+        if v_cut:
+            whole = len(value) if isinstance(value, str) else len(_json_head(value, 10**6))
+            v += f" _(shortened: {whole:,} characters in all)_"
+        notes = "".join(f"\n{w}" for w in warnings(str(key), value))
+        fields.append(_mrkdwn(f"*{k}*\n{v or ' '}{notes}"))
     if len(shown) < len(items):
-        fields.append({"type": "mrkdwn", "text": f"_…and {len(items) - len(shown)} more keys_"})
+        fields.append(_mrkdwn(f"_…and {len(items) - len(shown)} more keys_"))
     return fields, shortened
 
 
@@ -255,12 +362,12 @@ def requester_note(
         items.append((f"{_code(a.request.tool)}{summary}", f" ({link})" if link else ""))
     if len(items) == 1:
         (what, link), done = items[0], "I'll continue here once someone decides."
-        return {"text": f"I need approval to run {what}. I've asked in {where}{link} — {done}"}
+        return _text_message(f"I need approval to run {what}. I've asked in {where}{link} — {done}")
     lines = "".join(f"\n• {what}{link}" for what, link in items)
     more = f"\n…and {len(many) - 20} more" if len(many) > 20 else ""
     done = "I'll continue here once they're decided."
     text = f"I need approval for {len(many)} actions:{lines}{more}"
-    return {"text": f"{text}\nI've asked in {where or _channel(None)} — {done}"}
+    return _text_message(f"{text}\nI've asked in {where or _channel(None)} — {done}")
 
 
 def thinking_message() -> Message:
@@ -274,14 +381,16 @@ def reply_message(text: str) -> Message:
         return {"text": "_(I have nothing to add.)_"}
     body, cut = _fit(text, REPLY_MAX)
     note = "\n\n_(reply shortened: too long for one Slack message)_"
-    return {"text": body + note if cut else body}
+    return _text_message(body + note if cut else body)
 
 
 def busy_message(outcome: Busy) -> Message:
     """Answer to a message that arrives while the thread is already busy."""
     if outcome.waiting_on:
         tools = ", ".join(dict.fromkeys(_code(a.request.tool) for a in outcome.waiting_on))
-        return {"text": f"Still waiting for approval of {tools} — I'll continue when it's decided."}
+        return _text_message(
+            f"Still waiting for approval of {tools} — I'll continue when it's decided."
+        )
     return {"text": "I'm still working on your previous message."}
 
 

@@ -107,8 +107,13 @@ class Delivery:
             if replace is not None:
                 await client.chat_update(channel=thread.channel_id, ts=replace, **message)
                 return replace
+            # Never unfurled: a prompt-injected reply must not make Slack fetch a URL.
             response = await client.chat_postMessage(
-                channel=thread.channel_id, thread_ts=thread.thread_ts, **message
+                channel=thread.channel_id,
+                thread_ts=thread.thread_ts,
+                unfurl_links=False,
+                unfurl_media=False,
+                **message,
             )
             return str(response["ts"])
         except SlackApiError as exc:
@@ -135,7 +140,10 @@ class Delivery:
         channel = approval.card.channel
         try:
             posted = await client.chat_postMessage(
-                channel=channel, **self._card(approval, thread_link)
+                channel=channel,
+                unfurl_links=False,
+                unfurl_media=False,
+                **self._card(approval, thread_link),
             )
         except SlackApiError as exc:
             log.error("could not post card %s: %s", approval.id, exc.response.get("error"))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
+import unicodedata
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -176,7 +178,8 @@ def test_long_value_is_shortened_and_full_json_shown() -> None:
     card = render(info(input={"body": "x" * 5000, "n": 1}))
     validate(card)
     fields = next(b["fields"] for b in card["blocks"] if "fields" in b)
-    assert fields[0]["text"].endswith("…") and len(fields[0]["text"]) < 2000
+    assert fields[0]["text"].endswith("… _(shortened: 5,000 characters in all)_")
+    assert len(fields[0]["text"]) < 2000
     full = [
         b["text"]["text"]
         for b in card["blocks"]
@@ -323,3 +326,79 @@ def test_card_as_text() -> None:
     assert "[ Approve ]  [ Deny ]" in text and "2025-03-04T13:00Z" in text
     done = blocks.card_as_text(render(decided("denied", reason="no")))
     assert "Denied by @U222" in done and "[ Approve ]" not in done
+
+
+def text_objects(obj: Any) -> list[dict[str, Any]]:
+    """Every mrkdwn text object in a message or view."""
+    if isinstance(obj, dict):
+        own = [obj] if obj.get("type") == "mrkdwn" else []
+        return own + [t for v in obj.values() for t in text_objects(v)]
+    if isinstance(obj, list):
+        return [t for v in obj for t in text_objects(v)]
+    return []
+
+
+def test_every_text_object_is_verbatim_so_slack_links_nothing_by_itself() -> None:
+    t = Thread("T1", "D1", "1.2")
+    messages = [
+        render(nasty_approval(), thread_link="https://t.slack.com/p1"),
+        render(decided("denied", reason="see https://evil.example #general @here")),
+        blocks.reply_message("Done. See https://evil.example and #general, @channel"),
+        blocks.requester_note(info(input={"to": "https://evil.example"})),
+        blocks.busy_message(Busy(t, (info(),))),
+        blocks.deny_modal(info()),
+    ]
+    for message in messages:
+        objects = text_objects(message)
+        assert objects and all(o.get("verbatim") is True for o in objects), message
+    reply = blocks.reply_message("x " * 4000)  # longer than one section: split, all verbatim
+    validate(reply)
+    assert len(reply["blocks"]) == 3 and reply["text"].startswith("x x")
+
+
+def test_hidden_characters_are_shown_as_escapes_and_flagged() -> None:
+    sneaky = "1234\u202e98765"  # a right-to-left override: Slack would show 123456789
+    shown = render(info(input={"toAccount": sneaky, "note": "zero\u200bwidth", "ok": "plain"}))
+    validate(shown)
+    dumped = json.dumps(shown, ensure_ascii=False)
+    assert "\u202e" not in dumped and "\u200b" not in dumped
+    fields = {
+        f["text"].split("\n")[0]: f["text"]
+        for f in next(b["fields"] for b in shown["blocks"] if "fields" in b)
+    }
+    assert "1234\\u202e98765" in fields["*toAccount*"]
+    assert "contains hidden characters" in fields["*toAccount*"]
+    assert "zero\\u200bwidth" in fields["*note*"] and "hidden" in fields["*note*"]
+    assert "hidden" not in fields["*ok*"]
+    reply = blocks.reply_message("pay 1234\u202e98765")
+    assert "1234\\u202e98765" in reply["text"] and "\u202e" not in json.dumps(reply)
+
+
+def test_look_alike_letters_from_another_alphabet_are_flagged() -> None:
+    shown = render(info(input={"payee": "p\u0430ypal", "city": "Москва", "to": "paypal"}))
+    fields = {
+        f["text"].split("\n")[0]: f["text"]
+        for f in next(b["fields"] for b in shown["blocks"] if "fields" in b)
+    }
+    assert "mixes alphabets" in fields["*payee*"]  # a Cyrillic a (U+0430) among Latin ones
+    assert "mixes alphabets" not in fields["*city*"]  # all Cyrillic: a word, not a trick
+    assert "mixes alphabets" not in fields["*to*"]
+
+
+def test_every_invisible_kind_of_character_is_caught() -> None:
+    missed = [
+        f"U+{code:04X}"
+        for code in range(sys.maxunicode + 1)
+        if (ch := chr(code)) not in "\n "
+        and unicodedata.category(ch) in ("Cc", "Cf", "Co", "Cs", "Zl", "Zp", "Zs")
+        and not blocks.has_hidden(ch)
+    ]
+    assert missed == []
+    assert not blocks.has_hidden("plain text, accents é, 漢字, emoji 🙂\nand lines")
+
+
+def test_a_value_hidden_after_whitespace_says_how_long_it_is() -> None:
+    padded = "12345" + " " * 4000 + "99999"
+    shown = render(info(input={"toAccount": padded}))
+    fields = next(b["fields"] for b in shown["blocks"] if "fields" in b)
+    assert "shortened: 4,010 characters in all" in fields[0]["text"]

@@ -26,7 +26,7 @@ from tests.bot.conftest import (
     new_ts,
     settle,
 )
-from tests.bot.test_e2e import BOSS, TRANSFER, ask, decided_card, text_of
+from tests.bot.test_e2e import BOSS, TRANSFER, ask, decided_card, reply_in_thread, text_of
 from tests.conftest import poll
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, function_call, text
@@ -209,3 +209,26 @@ async def test_nobody_whose_message_led_to_the_call_may_approve_it(
     await fake_slack.wait_for("chat.update", predicate=decided_card(f"Approved by <@{third}>"))
     await poll(lambda: len(ledger_tools.entries()) == 1, "the transfer")
     await settle(service)
+
+
+# -- 8. Nothing auto-linked or unfurled ---------------------------------------------------------
+
+
+async def test_no_message_is_unfurled_and_no_text_is_auto_linked(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    asked = await ask(client, fake_slack, gemini, team, args={"amount": 5, "toAccount": "#general"})
+    gemini.script(text("Sent. Receipt: https://evil.example/track?u=1 — ask @channel"))
+    assert (await client.click(team, BOSS, "approve", asked.card))[0] == 200
+    reply = await reply_in_thread(fake_slack, asked.thread_ts)
+    await settle(service)
+    posts = fake_slack.calls_to("chat.postMessage")
+    assert len(posts) == 3  # the placeholder (later the note), the card, the reply
+    for post in posts:
+        assert post.args.get("unfurl_links") in (False, "0", "false"), post.args
+        assert post.args.get("unfurl_media") in (False, "0", "false"), post.args
+    for message in (reply, asked.card, asked.note):
+        objects = [b["text"] for b in message.args.get("blocks", []) if "text" in b]
+        mrkdwn = [o for o in objects if o.get("type") == "mrkdwn"]
+        assert mrkdwn and all(o.get("verbatim") is True for o in mrkdwn)
+    assert "https://evil.example/track?u=1" in text_of(reply)
