@@ -198,10 +198,10 @@ def _chunks(escaped: str, size: int) -> list[str]:
     never inside an escape."""
     chunks = []
     while len(escaped) > size:
-        cut = max(escaped.rfind("\n", size // 2, size), escaped.rfind(" ", size // 2, size))
-        cut = cut if cut > 0 else _safe_cut(escaped, size)
+        space = max(escaped.rfind("\n", size // 2, size), escaped.rfind(" ", size // 2, size))
+        cut = space + 1 if space > 0 else _safe_cut(escaped, size)  # nothing is dropped
         chunks.append(escaped[:cut])
-        escaped = escaped[cut:].lstrip(" ")
+        escaped = escaped[cut:]
     return [*chunks, escaped]
 
 
@@ -300,6 +300,8 @@ def approval_card(
     blocks.append({"type": "section", "fields": fields} if fields else _section("_No input._"))
     if shortened:
         blocks.append(_full_input(r.input))
+        show = _button("Show full request", "show_request", a.id)
+        blocks.append({"type": "actions", "block_id": "request", "elements": [show]})
     if r.why:
         blocks.append(_section(f"*Why approval is needed:* {_fit(r.why, 2000)[0]}"))
     if pending:
@@ -320,14 +322,14 @@ def approval_card(
     return {"text": f"{title}: {escape(r.tool)}", "blocks": blocks}
 
 
-def _button(label: str, action_id: str, value: str, style: str) -> Block:
-    return {
+def _button(label: str, action_id: str, value: str, style: str | None = None) -> Block:
+    button = {
         "type": "button",
         "text": {"type": "plain_text", "text": label},
         "action_id": action_id,
         "value": value,
-        "style": style,
     }
+    return button | ({"style": style} if style else {})
 
 
 def _summary(data: Mapping[str, Any], limit: int = 120) -> str:
@@ -428,6 +430,30 @@ def refusal_text(reason: str, a: Approval | None) -> str:
                 return f"Already denied by {mention(by)} at {date(at)}."
         return "Someone already decided this request."
     return "I can't find that approval request any more."
+
+
+MODAL_BLOCKS = 100
+
+
+def full_request_modal(a: Approval) -> dict[str, Any]:
+    """The complete input as JSON, over as many blocks as it needs: what a card shortened is
+    never out of an approver's sight."""
+    notes = "".join(f"\n{w}" for w in warnings("", a.request.input))
+    head = _section(f"{_code(a.request.tool)} requested by {mention(a.request.requester)}{notes}")
+    fence = "```\n", "\n```"
+    body = _no_fence(escape(json.dumps(a.request.input, indent=2, ensure_ascii=False)))
+    pieces = _chunks(body, SECTION_MAX - len(fence[0]) - len(fence[1]))
+    room = MODAL_BLOCKS - 2
+    sections = [_section(fence[0] + p + fence[1]) for p in pieces[:room]]
+    if len(pieces) > room:
+        left = sum(len(p) for p in pieces[room:])
+        sections.append(_context(f"_…and {left:,} more characters, too many for one Slack view_"))
+    return {
+        "type": "modal",
+        "title": {"type": "plain_text", "text": "Full request"},
+        "close": {"type": "plain_text", "text": "Close"},
+        "blocks": [head, *sections],
+    }
 
 
 def deny_modal(a: Approval) -> dict[str, Any]:

@@ -116,6 +116,27 @@ async def on_deny(ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, d
     await client.views_open(trigger_id=trigger, view=view)
 
 
+async def on_show_request(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+) -> None:
+    """The whole input of a card that had to shorten it, in a modal."""
+    await ack()
+    parsed = clicked(body)
+    trigger = body.get("trigger_id")
+    if parsed is None or not isinstance(trigger, str):
+        return
+    team, user, channel, approval_id = parsed
+    approval = await deps.workflow.approval(team, approval_id)
+    if approval is None:
+        if channel is not None:
+            text = blocks.refusal_text("not_found", None)
+            with contextlib.suppress(SlackApiError):
+                await client.chat_postEphemeral(channel=channel, user=user, text=text)
+        return
+    await client.views_open(trigger_id=trigger, view=blocks.full_request_modal(approval))
+
+
 def register(app: AsyncApp) -> None:
     app.action("approve")(on_approve)
     app.action("deny")(on_deny)
+    app.action("show_request")(on_show_request)

@@ -402,3 +402,22 @@ def test_a_value_hidden_after_whitespace_says_how_long_it_is() -> None:
     shown = render(info(input={"toAccount": padded}))
     fields = next(b["fields"] for b in shown["blocks"] if "fields" in b)
     assert "shortened: 4,010 characters in all" in fields[0]["text"]
+
+
+def test_the_full_request_shows_every_character_of_a_shortened_card() -> None:
+    padded = {"toAccount": "12345" + " " * 4000 + "99999", "memo": "1234\u202e98765"}
+    card = render(info(input=padded))
+    (show,) = [b for b in card["blocks"] if b.get("block_id") == "request"]
+    assert show["elements"][0]["action_id"] == "show_request"
+    assert show["elements"][0]["value"] == "ap-1"
+    assert "99999" not in json.dumps(card)  # the card alone never showed it
+    modal = blocks.full_request_modal(info(input=padded))
+    View(**modal).validate_json()
+    shown = "".join(t["text"] for t in text_objects(modal))
+    assert shown.count(" ") >= 4000 and "99999" in shown and "1234\\u202e98765" in shown
+    assert "contains hidden characters" in shown
+    huge = blocks.full_request_modal(info(input={"k": "x" * 400_000}))
+    View(**huge).validate_json()
+    assert len(huge["blocks"]) == blocks.MODAL_BLOCKS
+    assert "more characters, too many for one Slack view" in json.dumps(huge["blocks"][-1])
+    assert all(b.get("block_id") != "request" for b in render(info())["blocks"])  # nothing cut

@@ -232,3 +232,23 @@ async def test_no_message_is_unfurled_and_no_text_is_auto_linked(
         mrkdwn = [o for o in objects if o.get("type") == "mrkdwn"]
         assert mrkdwn and all(o.get("verbatim") is True for o in mrkdwn)
     assert "https://evil.example/track?u=1" in text_of(reply)
+
+
+# -- 7. No truncation without the whole ---------------------------------------------------------
+
+
+async def test_show_full_request_opens_the_whole_input(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    padded = {"amount": 5, "toAccount": "12345" + " " * 4000 + "99999"}
+    asked = await ask(client, fake_slack, gemini, team, args=padded)
+    assert "99999" not in json.dumps(asked.card.args["blocks"])
+    assert (await client.click(team, BOSS, "show_request", asked.card))[0] == 200
+    (opened,) = await fake_slack.wait_for("views.open")
+    view = opened.args["view"]
+    assert view["title"]["text"] == "Full request"
+    assert "99999" in json.dumps(view) and json.dumps(view).count(" ") > 4000
+    await settle(service)
+    assert service.deps is not None  # looking changed nothing: still pending, nothing ran
+    still = await service.deps.workflow.approval(team, asked.approval_id)
+    assert still is not None and still.decision is None and ledger_tools.entries() == []
