@@ -27,7 +27,7 @@ from genkit.middleware import (
     ToolHookParams,
 )
 from genkit.model import ModelResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from agent.policy import Policy, PolicyService
 from storage.approval_store import ApprovalStore
@@ -166,9 +166,34 @@ def approval_middleware(
             if policy.allowed:
                 async with outside():
                     return await next_fn(params, ctx)
+            if (problem := invalid_input(params)) is not None:
+                # An approver never sees (and never approves) a call that cannot run.
+                log.info("invalid input for %s; no approval asked: %s", tool, problem)
+                return MultipartToolResponse(output={"ok": False, "error": problem})
             raise Interrupt({"why": policy.why})
 
     return GreenlightApproval
+
+
+def invalid_input(params: ToolHookParams) -> str | None:
+    """What is wrong with a call's input by its tool's own schema, said so that the model can
+    correct it; None when the input is valid (or the tool declares no schema)."""
+    adapter = params.tool.input_type
+    request = params.tool_request_part.tool_request
+    if adapter is None or request is None:
+        return None
+    try:
+        adapter.validate_python(request.input)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}"
+            for e in exc.errors()[:10]
+        )
+        return (
+            f"invalid input for {params.tool.name} ({problems}); it did not run and nobody was "
+            "asked to approve it. Correct the input and call the tool again."
+        )
+    return None
 
 
 def answer_from_record(refused: IllegalTransition, tool: str) -> Any:

@@ -252,3 +252,27 @@ async def test_show_full_request_opens_the_whole_input(
     assert service.deps is not None  # looking changed nothing: still pending, nothing ran
     still = await service.deps.workflow.approval(team, asked.approval_id)
     assert still is not None and still.decision is None and ledger_tools.entries() == []
+
+
+# -- 5. Invalid arguments never reach an approver -----------------------------------------------
+
+
+async def test_a_call_with_invalid_input_gets_no_card_and_the_model_hears_why(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    gemini.script(
+        function_call("transferMoney", {"amount": "lots", "toAccount": "12345"}, id="call-1"),
+        text("Sorry, how much exactly?"),
+    )
+    ts = new_ts()
+    assert (await client.dm(team, "UEMP", "send lots to 12345", ts=ts))[0] == 200
+    await fake_slack.wait_for(
+        "chat.update", predicate=lambda c: text_of(c) == "Sorry, how much exactly?"
+    )
+    await settle(service)
+    assert [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(APPROVERS)(c)] == []
+    [answer] = gemini.function_responses()
+    error = answer["response"]["content"]["error"]
+    assert "invalid input for transferMoney" in error and "amount" in error
+    assert ledger_tools.entries() == []
+    assert service.deps is not None and await service.deps.workflow.pending(team) == ()
