@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from agent.workflow import Workflow
 from bot.background import Background
+from bot.clicks import ClickLimit
 from bot.delivery import Delivery
 from bot.people import People
 
@@ -18,3 +19,4 @@ class Deps:
     delivery: Delivery
     people: People
     background: Background
+    clicks: ClickLimit

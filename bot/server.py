@@ -24,6 +24,7 @@ from agent.policy import PolicyDefaults
 from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig
 from bot.app import build_app
 from bot.background import Background
+from bot.clicks import ClickLimit
 from bot.delivery import Delivery
 from bot.deps import Deps
 from bot.people import People
@@ -140,6 +141,7 @@ class Service:
             delivery=Delivery(workflow, clock=utc_now),
             people=People(admin_users=s.ADMIN_USERS, clock=utc_now),
             background=background,
+            clicks=ClickLimit(clock=utc_now),
         )
         assert s.SLACK_BOT_TOKEN is not None
         signing = s.SLACK_SIGNING_SECRET.get_secret_value() if s.SLACK_SIGNING_SECRET else None

@@ -54,13 +54,30 @@ def facts_for(
 async def refuse(
     deps: Deps, client: AsyncWebClient, refusal: DecisionRefused, *, user: str, channel: str | None
 ) -> None:
-    """Say why, privately, and redraw the card from the truth."""
-    if channel is not None:
-        text = blocks.refusal_text(refusal.reason, refusal.approval)
-        with contextlib.suppress(SlackApiError):  # the card refresh still shows the truth
-            await client.chat_postEphemeral(channel=channel, user=user, text=text)
-    if refusal.approval is not None:
+    """Say why, privately; redraw the card only when its state changed (someone decided,
+    or it expired) since it was drawn."""
+    await tell(client, user, channel, blocks.refusal_text(refusal.reason, refusal.approval))
+    if refusal.reason == "already_decided" and refusal.approval is not None:
         await deps.delivery.refresh_card(client, refusal.approval)
+
+
+async def tell(client: AsyncWebClient, user: str, channel: str | None, text: str) -> None:
+    """An ephemeral note to the clicker, where they clicked (a failure is only logged)."""
+    if channel is not None:
+        with contextlib.suppress(SlackApiError):
+            await client.chat_postEphemeral(channel=channel, user=user, text=text)
+
+
+async def too_fast(
+    deps: Deps, client: AsyncWebClient, parsed: tuple[str, str, str | None, str]
+) -> bool:
+    """Whether the clicker is over their limit for this card (told once, then ignored)."""
+    _, user, channel, approval_id = parsed
+    verdict = deps.clicks.check(user, approval_id)
+    if verdict == "warn":
+        note = "You're clicking quickly — give it a few seconds, then try again."
+        await tell(client, user, channel, note)
+    return verdict != "ok"
 
 
 def resume_when_ready(deps: Deps, client: AsyncWebClient, turn_id: str) -> None:
@@ -91,7 +108,7 @@ async def on_approve(
 ) -> None:
     await ack()
     parsed = clicked(body)
-    if parsed is None:
+    if parsed is None or await too_fast(deps, client, parsed):
         return
     # In line with the turns: a click waits behind the messages that came before it.
     deps.background.spawn(approve(deps, client, *parsed), name="approve")
@@ -102,7 +119,7 @@ async def on_deny(ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, d
     await ack()
     parsed = clicked(body)
     trigger = body.get("trigger_id")
-    if parsed is None or not isinstance(trigger, str):
+    if parsed is None or not isinstance(trigger, str) or await too_fast(deps, client, parsed):
         return
     team, user, channel, approval_id = parsed
     facts = facts_for(deps, client, user, channel)
@@ -123,15 +140,12 @@ async def on_show_request(
     await ack()
     parsed = clicked(body)
     trigger = body.get("trigger_id")
-    if parsed is None or not isinstance(trigger, str):
+    if parsed is None or not isinstance(trigger, str) or await too_fast(deps, client, parsed):
         return
     team, user, channel, approval_id = parsed
     approval = await deps.workflow.approval(team, approval_id)
     if approval is None:
-        if channel is not None:
-            text = blocks.refusal_text("not_found", None)
-            with contextlib.suppress(SlackApiError):
-                await client.chat_postEphemeral(channel=channel, user=user, text=text)
+        await tell(client, user, channel, blocks.refusal_text("not_found", None))
         return
     await client.views_open(trigger_id=trigger, view=blocks.full_request_modal(approval))
 

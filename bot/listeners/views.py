@@ -58,8 +58,8 @@ async def on_deny_submitted(
     except DecisionRefused as refusal:
         text = blocks.refusal_text(refusal.reason, refusal.approval)
         await ack(response_action="errors", errors={"reason": text})
-        if refusal.approval is not None:
-            await deps.delivery.refresh_card(client, refusal.approval)
+        if refusal.reason == "already_decided" and refusal.approval is not None:
+            await deps.delivery.refresh_card(client, refusal.approval)  # the state changed
         return
     await ack()
     if decided.turn_ready:  # first: the requester waits on it, the card can follow

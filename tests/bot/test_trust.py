@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from agent.workflow import Expired, Reply
+from bot.clicks import CLICKS
 from bot.server import Service
 from bot.settings import ConfigError
 from tests import ledger_tools
@@ -276,3 +277,24 @@ async def test_a_call_with_invalid_input_gets_no_card_and_the_model_hears_why(
     assert "invalid input for transferMoney" in error and "amount" in error
     assert ledger_tools.entries() == []
     assert service.deps is not None and await service.deps.workflow.pending(team) == ()
+
+
+# -- 10. Abuse of the buttons -------------------------------------------------------------------
+
+
+async def test_refused_clicks_leave_the_card_alone_and_are_throttled(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    asked = await ask(client, fake_slack, gemini, team)
+    updates = len(fake_slack.calls_to("chat.update"))
+    for _ in range(CLICKS + 2):
+        assert (await client.click(team, "UEMP", "approve", asked.card))[0] == 200
+    notes = await fake_slack.wait_for("chat.postEphemeral", count=CLICKS + 1)
+    await settle(service)
+    said = [text_of(c) for c in fake_slack.calls_to("chat.postEphemeral")]
+    assert said.count("You asked for this, so someone else has to approve it.") == CLICKS
+    assert sum("clicking quickly" in t for t in said) == 1 and len(said) == len(notes)
+    assert len(fake_slack.calls_to("chat.update")) == updates  # no redraw: nothing changed
+    assert service.deps is not None
+    still = await service.deps.workflow.approval(team, asked.approval_id)
+    assert still is not None and still.decision is None
