@@ -8,6 +8,7 @@ Genkit calls the middleware with no handle of ours.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -30,6 +31,7 @@ from genkit.model import ModelResponse
 from pydantic import BaseModel, ValidationError
 
 from agent.policy import Policy, PolicyService
+from agent.runtime import Preview
 from storage.approval_store import ApprovalStore
 from storage.lifecycle import Approval, Approved, Finished, IllegalTransition, Started
 
@@ -83,10 +85,15 @@ def stamp_refs(response: ModelResponse, new_id: Callable[[], str]) -> None:
 Outside = Callable[[], AbstractAsyncContextManager[None]]
 
 
+PREVIEW_TIMEOUT = 2.0  # seconds a tool's preview may take before the card goes without it
+PREVIEW_MAX = 500  # characters of a preview shown
+
+
 def approval_middleware(
     *,
     store: ApprovalStore,
     policies: PolicyService,
+    previews: Mapping[str, Preview],
     new_id: Callable[[], str],
     clock: Callable[[], datetime],
     outside: Outside = contextlib.nullcontext,
@@ -127,6 +134,19 @@ def approval_middleware(
             result = MultipartToolResponse(output=output)
         await store.finish_execution(approval, output=output, now=clock())
         return result
+
+    async def preview(tool: str, input: Any) -> str | None:
+        """The tool's preview of this call; "" when it failed or took too long."""
+        make = previews.get(tool)
+        if make is None:
+            return None
+        try:
+            async with outside(), asyncio.timeout(PREVIEW_TIMEOUT):
+                text = await make(input if isinstance(input, dict) else {"value": input})
+        except Exception:
+            log.warning("the preview of %s failed or took over %ss", tool, PREVIEW_TIMEOUT)
+            return ""
+        return str(text)[:PREVIEW_MAX]
 
     class GreenlightApproval(BaseMiddleware[Any]):
         async def wrap_model(
@@ -170,7 +190,9 @@ def approval_middleware(
                 # An approver never sees (and never approves) a call that cannot run.
                 log.info("invalid input for %s; no approval asked: %s", tool, problem)
                 return MultipartToolResponse(output={"ok": False, "error": problem})
-            raise Interrupt({"why": policy.why})
+            request = params.tool_request_part.tool_request
+            shown = await preview(tool, request.input if request else None)
+            raise Interrupt({"why": policy.why, "preview": shown})
 
     return GreenlightApproval
 
@@ -222,7 +244,7 @@ def recorded(execution: Started | Finished) -> Any:
             assert_never(unreachable)
 
 
-def interrupt_why(part: Part) -> str | None:
-    """The reason our middleware attached to an interrupted tool request, if any."""
+def interrupt_note(part: Part) -> dict[str, Any]:
+    """What our middleware attached to an interrupted tool request (why, preview), if any."""
     meta = (part.metadata or {}).get("interrupt")
-    return str(meta["why"]) if isinstance(meta, dict) and "why" in meta else None
+    return meta if isinstance(meta, dict) else {}

@@ -11,7 +11,7 @@ from genkit.exp import Genkit
 
 from agent.approval import Outside, approval_middleware
 from agent.policy import PolicyDefaults, PolicyService
-from agent.runtime import AgentConfig, build_runtime
+from agent.runtime import AgentConfig, Preview, build_runtime
 from agent.workflow import Workflow
 from storage.approval_store import ApprovalStore
 from storage.db import SessionFactory
@@ -48,11 +48,21 @@ def build_workflow(
         clock=clock,
     )
     store = ApprovalStore(sessions)
+    previews: dict[str, Preview] = {}
     middleware = approval_middleware(
-        store=store, policies=policies, new_id=new_id, clock=clock, outside=outside
+        store=store,
+        policies=policies,
+        previews=previews,
+        new_id=new_id,
+        clock=clock,
+        outside=outside,
     )
     runtime = build_runtime(
-        config, store=SqlSessionStore(sessions), middleware=middleware, setup=setup
+        config,
+        store=SqlSessionStore(sessions),
+        middleware=middleware,
+        previews=previews,
+        setup=setup,
     )
     tool_names.extend(runtime.tools)
     return Workflow(

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,11 @@ class AgentConfig:
     gemini_api_url: str | None = None
 
 
+# A tool's preview: from the call's input, a short text for the approver ("Balance after
+# transfer: 750.00"). A tool module offers them with `previews() -> {tool name: preview}`.
+Preview = Callable[[dict[str, Any]], Awaitable[str]]
+
+
 @dataclass
 class AgentRuntime:
     ai: Genkit
@@ -39,9 +45,16 @@ class AgentRuntime:
     tools: dict[str, str] = field(default_factory=dict)  # name -> description, for cards
 
 
-def load_tools(ai: Genkit, modules: Sequence[str]) -> list[Tool]:
-    """Import each module of AGENT_TOOLS and let it register its tools on `ai`."""
-    tools: list[Tool] = []
+@dataclass
+class Loaded:
+    tools: list[Tool] = field(default_factory=list)
+    previews: dict[str, Preview] = field(default_factory=dict)
+
+
+def load_tools(ai: Genkit, modules: Sequence[str]) -> Loaded:
+    """Import each module of AGENT_TOOLS, let it register its tools on `ai`, and take the
+    previews it offers (an optional `previews()`)."""
+    loaded = Loaded()
     for name in modules:
         try:
             module = importlib.import_module(name)
@@ -50,11 +63,19 @@ def load_tools(ai: Genkit, modules: Sequence[str]) -> list[Tool]:
         register = getattr(module, "register", None)
         if not callable(register):
             raise ToolModuleError(f"AGENT_TOOLS: module {name!r} has no register(ai) function")
-        tools.extend(register(ai))
-    names = [t.name for t in tools]
+        loaded.tools.extend(register(ai))
+        offered = getattr(module, "previews", None)
+        if offered is not None:
+            loaded.previews.update(offered() if callable(offered) else {})
+    names = [t.name for t in loaded.tools]
     if len(set(names)) != len(names):
         raise ToolModuleError(f"AGENT_TOOLS: two tools share a name among {sorted(names)}")
-    return tools
+    if stray := set(loaded.previews) - set(names):
+        raise ToolModuleError(f"AGENT_TOOLS: previews for tools that do not exist: {sorted(stray)}")
+    for tool, preview in loaded.previews.items():
+        if not inspect.iscoroutinefunction(preview):
+            raise ToolModuleError(f"AGENT_TOOLS: the preview of {tool} is not an async function")
+    return loaded
 
 
 def build_runtime(
@@ -62,9 +83,11 @@ def build_runtime(
     *,
     store: SessionStore[Any],
     middleware: type[BaseMiddleware[Any]],
+    previews: dict[str, Preview],
     setup: Callable[[Genkit], None] | None = None,
 ) -> AgentRuntime:
-    """Wire the agent. `setup` may register extra models (tests and the demo use it)."""
+    """Wire the agent. `previews` (the middleware's, built before the tools are loaded) is
+    filled with the tools' previews. `setup` may register extra models (tests, the demo)."""
     plugins: list[Any] = []
     if config.model.startswith("googleai/"):
         from agent.gemini import gemini_plugin
@@ -73,13 +96,14 @@ def build_runtime(
     ai = Genkit(plugins=plugins)
     if setup is not None:
         setup(ai)
-    tools = load_tools(ai, config.tool_modules)
+    loaded = load_tools(ai, config.tool_modules)
     agent = ai.define_agent(
         name="greenlight",
         model=config.model,
         system=config.system_prompt,
-        tools=tools,
+        tools=loaded.tools,
         use=[middleware()],
         store=store,
     )
-    return AgentRuntime(ai=ai, agent=agent, tools={t.name: t.description for t in tools})
+    previews.update(loaded.previews)
+    return AgentRuntime(ai=ai, agent=agent, tools={t.name: t.description for t in loaded.tools})

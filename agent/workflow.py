@@ -19,7 +19,7 @@ from typing import Any, Literal, assert_never
 from genkit import Part
 from genkit.exp import AgentChat, AgentFinishReason, AgentInterrupt, AgentResponse
 
-from agent.approval import TurnScope, current_scope, interrupt_why, recorded
+from agent.approval import TurnScope, current_scope, interrupt_note, recorded
 from agent.policy import ApproverFacts, Policy, PolicyService, Refusal, refusal
 from agent.runtime import AgentRuntime
 from storage.approval_store import ApprovalStore
@@ -368,8 +368,8 @@ class Workflow:
             snapshot_id=out.snapshot_id or "",
             at=now,
         )
-        whys = {
-            p.tool_request.ref: interrupt_why(p)
+        notes = {
+            p.tool_request.ref: interrupt_note(p)
             for p in (out.message.content if out.message else [])
             if p.tool_request is not None
         }
@@ -378,15 +378,18 @@ class Workflow:
             policy = scope.policies.get(intr.name) or await self._policies.get(
                 scope.team_id, intr.name
             )
+            note = notes.get(intr.ref, {})
+            preview = note.get("preview")
             request = Request(
                 tool=intr.name,
                 ref=intr.ref or "",
                 input=intr.input if isinstance(intr.input, dict) else {"value": intr.input},
                 requester=scope.requester,
-                why=whys.get(intr.ref) or policy.why,
+                why=str(note.get("why") or policy.why),
                 requested_at=now,
                 expires_at=now + policy.timeout,
                 participants=scope.participants,
+                preview=preview if isinstance(preview, str) else None,
             )
             card = Card(policy.channel) if policy.channel else None
             approvals.append(Approval(self._new_id(), turn.id, thread, request, card=card))

@@ -302,6 +302,10 @@ def approval_card(
         blocks.append(_full_input(r.input))
         show = _button("Show full request", "show_request", a.id)
         blocks.append({"type": "actions", "block_id": "request", "elements": [show]})
+    if r.preview:
+        blocks.append(_section(f"*Preview:* {_fit(r.preview, 1000)[0]}"))
+    elif r.preview == "":
+        blocks.append(_context("_Preview unavailable: it failed or took longer than 2 s._"))
     if r.why:
         blocks.append(_section(f"*Why approval is needed:* {_fit(r.why, 2000)[0]}"))
     if pending:

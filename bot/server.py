@@ -21,7 +21,7 @@ from sqlalchemy import text
 
 from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.policy import PolicyDefaults
-from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig
+from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig, ToolModuleError
 from bot.app import build_app
 from bot.background import Background
 from bot.clicks import ClickLimit
@@ -127,15 +127,18 @@ class Service:
             channel=s.APPROVER_CHANNEL, timeout=timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS)
         )
         background = Background(limit=s.MAX_CONCURRENT_TURNS)
-        workflow = build_workflow(
-            sessions,
-            config,
-            defaults=defaults,
-            clock=utc_now,
-            new_id=new_uuid,
-            lease=timedelta(seconds=s.RESUME_LEASE_SECONDS),
-            outside=background.outside,
-        )
+        try:
+            workflow = build_workflow(
+                sessions,
+                config,
+                defaults=defaults,
+                clock=utc_now,
+                new_id=new_uuid,
+                lease=timedelta(seconds=s.RESUME_LEASE_SECONDS),
+                outside=background.outside,
+            )
+        except ToolModuleError as exc:  # AGENT_TOOLS names something that cannot be loaded
+            raise ConfigError([str(exc)]) from None
         self.deps = deps = Deps(
             workflow=workflow,
             delivery=Delivery(workflow, clock=utc_now),

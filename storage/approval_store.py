@@ -734,6 +734,7 @@ def _approval(row: Mapping[Any, Any], thread: Thread) -> Approval:
         requested_at=row["requested_at"],
         expires_at=row["expires_at"],
         participants=tuple(row["participants"]),
+        preview=row["preview"],
     )
     card = None if row["card_channel"] is None else Card(row["card_channel"], row["card_ts"])
     return Approval(
@@ -785,6 +786,7 @@ def _columns(approval: Approval) -> dict[str, Any]:
         "expires_at": r.expires_at,
         "why": r.why,
         "participants": list(r.participants),
+        "preview": r.preview,
         "status": REQUEST.enters,
         "decided_by": None,
         "decided_at": None,

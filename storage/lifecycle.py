@@ -236,6 +236,9 @@ class Request:
     expires_at: datetime
     # Everyone whose message led to the call (the requester among them): none may decide.
     participants: tuple[str, ...] = ()
+    # What the tool's own preview said the call would do; "" when it failed or took too
+    # long, None when the tool has none.
+    preview: str | None = None
 
 
 @dataclass(frozen=True)

@@ -139,6 +139,7 @@ class ApprovalRow(Base):
     why: Mapped[str] = mapped_column(Text)
     # The conversation's participants when the call was made (the requester among them).
     participants: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'"))
+    preview: Mapped[str | None] = mapped_column(Text)  # see storage/lifecycle.py Request
     status: Mapped[ApprovalState] = mapped_column(_enum(ApprovalState))
     decided_by: Mapped[str | None] = mapped_column(String(32))
     decided_at: Mapped[datetime | None]

@@ -55,3 +55,17 @@ def register(ai: Genkit) -> list[Tool]:
         return {"account": input.account, "balance": 100.0}
 
     return [transfer_money, get_balance]
+
+
+async def preview_transfer(input: dict[str, object]) -> str:
+    """A preview as a tool module offers it; some accounts make it fail or hang."""
+    if input.get("toAccount") == "broken-preview":
+        raise RuntimeError("the bank's preview API is down")
+    if input.get("toAccount") == "slow-preview":
+        await asyncio.Event().wait()
+    amount = input.get("amount")
+    return f"Balance after transfer: {1000 - float(amount):,.2f}"  # type: ignore[arg-type]
+
+
+def previews() -> dict[str, object]:
+    return {"transferMoney": preview_transfer}

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from genkit.model import ModelRequest, ModelResponse
 
+from agent import approval
 from agent.policy import ApproverFacts
 from agent.workflow import (
     Approved,
@@ -312,3 +313,17 @@ async def test_the_sweep_reports_approvals_whose_card_was_never_posted(h: Harnes
     assert [a.id for a in (await h.workflow.sweep(h.team)).uncarded] == [out.approvals[0].id]
     await h.workflow.attach_card(out.approvals[0].id, channel="C0APPROVE", ts="1.1")
     assert (await h.workflow.sweep(h.team)).uncarded == ()
+
+
+async def test_a_slow_preview_does_not_hold_the_card_back(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(approval, "PREVIEW_TIMEOUT", 0.2)
+    slow = {"amount": 5, "toAccount": "slow-preview"}
+    h.model.script(calls(("transferMoney", slow), ("transferMoney", TRANSFER)))
+    out = await asyncio.wait_for(h.workflow.start_turn(h.thread(), "U_EMP", "two"), 10)
+    assert isinstance(out, AwaitingApproval)
+    previews = sorted(a.request.preview or "" for a in out.approvals)
+    assert previews == ["", "Balance after transfer: 500.00"]  # "": unavailable
+    stored = await h.workflow.approval(h.team, out.approvals[0].id)
+    assert stored is not None and stored.request.preview == out.approvals[0].request.preview

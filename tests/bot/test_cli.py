@@ -91,3 +91,19 @@ def test_manifest_asks_for_exactly_the_scopes_the_code_uses() -> None:
     assert manifest["settings"]["interactivity"]["is_enabled"] is True
     assert [c["command"] for c in manifest["features"]["slash_commands"]] == ["/approvals"]
     assert manifest["features"]["app_home"]["messages_tab_enabled"] is True
+
+
+def test_tools_that_cannot_be_loaded_are_a_configuration_error(tmp_path: Path) -> None:
+    env = {
+        "SLACK_BOT_TOKEN": "xoxb-1",
+        "SLACK_SIGNING_SECRET": "s",
+        "GEMINI_API_KEY": "k",
+        "APPROVER_CHANNEL": "C0APPROVE",
+        "DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}",
+        "AGENT_TOOLS": "no_such_tools_module",
+        "PORT": "0",
+    }
+    result = run_bot(env=env)
+    assert result.returncode == 2, result.stderr
+    assert "AGENT_TOOLS: cannot import 'no_such_tools_module'" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -298,3 +298,22 @@ async def test_refused_clicks_leave_the_card_alone_and_are_throttled(
     assert service.deps is not None
     still = await service.deps.workflow.approval(team, asked.approval_id)
     assert still is not None and still.decision is None
+
+
+# -- 9. A tool's preview on its card ------------------------------------------------------------
+
+
+async def test_the_card_shows_the_tools_preview(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    asked = await ask(client, fake_slack, gemini, team, args={"amount": 250, "toAccount": "1"})
+    assert "*Preview:* Balance after transfer: 750.00" in json.dumps(asked.card.args["blocks"])
+
+
+async def test_a_failed_preview_is_shown_as_unavailable_and_the_card_still_goes_out(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    broken = {"amount": 250, "toAccount": "broken-preview"}
+    asked = await ask(client, fake_slack, gemini, team, args=broken)
+    shown = json.dumps(asked.card.args["blocks"])
+    assert "Preview unavailable" in shown and "preview API is down" not in shown
