@@ -31,6 +31,7 @@ from storage.lifecycle import (
     Approved as Approved,
     AuditEntry as AuditEntry,
     Card as Card,
+    CardState as CardState,
     Claim,
     Denied as Denied,
     Expired as Expired,
@@ -117,7 +118,9 @@ class DecisionRefused(Exception):
 class SweepReport:
     expired: tuple[Approval, ...] = ()
     resumed: tuple[Resumed, ...] = ()
-    uncarded: tuple[Approval, ...] = ()  # pending approvals whose card was never posted
+    # Cards whose post was cut off, now this sweep's to finish (RETRY_CARD): each may be in
+    # the channel already, so the transport looks there before it posts.
+    uncarded: tuple[Approval, ...] = ()
 
 
 class Workflow:
@@ -306,13 +309,18 @@ class Workflow:
         for approval in await self._store.overdue(now=now, team_id=team_id):
             with contextlib.suppress(IllegalTransition):  # decided meanwhile, or by a replica
                 expired.append(await self._store.expire(approval, now=now))
-        # Cards a process died before posting (a live one posts within moments).
-        uncarded = await self._store.uncarded(before=now - CARD_GRACE, team_id=team_id)
+        # Cards a process died posting (a live one posts within moments).
+        uncarded = []
+        for approval in await self._store.stale_cards(stale=now - CARD_GRACE, team_id=team_id):
+            with contextlib.suppress(IllegalTransition):  # another sweep took it
+                uncarded.append(
+                    await self._store.retry_card(approval, now=now, stale=now - CARD_GRACE)
+                )
         turn_ids = await self._store.recoverable(now=now, team_id=team_id)
         resumed = [r for t in turn_ids if (r := await self.continue_turn(t)) is not None]
         if team_id is None:
             await self._store.forget_events(before=now - EVENTS_KEPT)
-        return SweepReport(tuple(expired), tuple(resumed), uncarded)
+        return SweepReport(tuple(expired), tuple(resumed), tuple(uncarded))
 
     async def knows(self, thread: Thread) -> bool:
         """Whether this thread already is a conversation (so replies in it continue it)."""
@@ -324,8 +332,21 @@ class Workflow:
     async def pending(self, team_id: str) -> tuple[Approval, ...]:
         return await self._store.pending(team_id)
 
-    async def attach_card(self, approval_id: str, *, channel: str, ts: str) -> None:
-        await self._store.attach_card(approval_id, channel=channel, ts=ts)
+    async def card_posted(self, approval: Approval, *, ts: str) -> Approval | None:
+        """The card is out, at `ts`; None when its outbox had already moved on."""
+        try:
+            return await self._store.card_posted(approval, ts=ts)
+        except IllegalTransition as refused:
+            log.warning("card of approval %s posted, but: %s", approval.id, refused)
+            return None
+
+    async def card_failed(self, approval: Approval) -> Approval | None:
+        """Slack refused the card for good (the transport tells the requester)."""
+        try:
+            return await self._store.card_failed(approval, now=self._clock())
+        except IllegalTransition as refused:
+            log.warning("card of approval %s failed, but: %s", approval.id, refused)
+            return None
 
     async def audit_trail(self, team_id: str, tool: str | None = None) -> list[AuditEntry]:
         return await self._store.audit_trail(team_id, tool=tool)

@@ -125,9 +125,6 @@ async def run(database_url: str | None = None, n: int = 200) -> dict[str, Any]:
         async def policy(i: int) -> None:
             await workflow.policies.get(TEAM, "transferMoney")
 
-        async def attach(i: int) -> None:
-            await workflow.attach_card(sample.id, channel=CHANNEL, ts="1.2")
-
         async def select_1(i: int) -> None:
             async with engine.connect() as conn:
                 await conn.exec_driver_sql("SELECT 1")
@@ -137,7 +134,6 @@ async def run(database_url: str | None = None, n: int = 200) -> dict[str, Any]:
             "workflow.accept_event (dedup insert)": seen_event,
             "workflow.approval (approval + turn + conversation)": approval,
             "policies.get": policy,
-            "workflow.attach_card": attach,
         }
         for name, step in steps.items():
             results[name] = await cpu_ms(step, n)

@@ -376,6 +376,16 @@ def requester_note(
     return _text_message(f"{text}\nI've asked in {where or _channel(None)} — {done}")
 
 
+def card_failed_message(a: Approval) -> Message:
+    """To the requester, when Slack refused the approval card for good."""
+    where = _channel(a.card.channel if a.card else None)
+    return _text_message(
+        f"I couldn't post the approval request for {_code(a.request.tool)} to {where}, so no "
+        "approver has seen it yet. It stays open until it expires; an admin can find it with "
+        "`/approvals pending`."
+    )
+
+
 def thinking_message() -> Message:
     """Placeholder posted at once, replaced by the streamed reply."""
     return {"text": "_Thinking…_"}

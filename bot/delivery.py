@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+import aiohttp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -32,6 +33,17 @@ from bot import blocks
 log = logging.getLogger(__name__)
 
 PERMALINKS_KEPT = 4096
+# Marks a card in the channel as an approval's, so a sweep can find a post cut off.
+CARD_EVENT = "greenlight_approval_card"
+# How far before its request a card is looked for: Slack's clock and ours may differ.
+HISTORY_MARGIN = timedelta(minutes=5)
+# Slack errors worth another try later (a sweep retries the card); any other is final.
+TRANSIENT = {"ratelimited", "internal_error", "fatal_error", "service_unavailable"}
+
+
+def card_mark(approval: Approval) -> dict[str, Any]:
+    """The message metadata that says which approval a card is."""
+    return {"event_type": CARD_EVENT, "event_payload": {"approval_id": approval.id}}
 
 
 class Delivery:
@@ -66,8 +78,13 @@ class Delivery:
             await self.refresh_card(client, approval, final=not retrying)
 
     async def sweep(self, client: AsyncWebClient, report: SweepReport) -> None:
-        for approval in report.uncarded:
-            await self._post_card(client, approval, await self._permalink(client, approval.thread))
+        for approval in report.uncarded:  # a post cut off: is the card out already?
+            found = await self._find_card(client, approval)
+            if found is None:
+                link = await self._permalink(client, approval.thread)
+                await self._post_card(client, approval, link)
+            elif found:
+                await self._workflow.card_posted(approval, ts=found)
         for approval in report.expired:
             await self.refresh_card(client, approval, final=True)
         for resumed in report.resumed:
@@ -90,7 +107,12 @@ class Delivery:
             return
         card = self._card(approval, await self._permalink(client, approval.thread))
         try:
-            await client.chat_update(channel=approval.card.channel, ts=approval.card.ts, **card)
+            await client.chat_update(
+                channel=approval.card.channel,
+                ts=approval.card.ts,
+                metadata=card_mark(approval),  # kept, so a sweep can still find the card
+                **card,
+            )
         except SlackApiError as exc:
             log.error("could not update card %s: %s", approval.id, exc.response.get("error"))
 
@@ -141,15 +163,47 @@ class Delivery:
         try:
             posted = await client.chat_postMessage(
                 channel=channel,
+                metadata=card_mark(approval),
                 unfurl_links=False,
                 unfurl_media=False,
                 **self._card(approval, thread_link),
             )
         except SlackApiError as exc:
-            log.error("could not post card %s: %s", approval.id, exc.response.get("error"))
+            error = exc.response.get("error")
+            log.error("could not post card %s: %s", approval.id, error)
+            if error not in TRANSIENT:  # for good: the requester must hear of it
+                await self._workflow.card_failed(approval)
+                await self.say(client, approval.thread, blocks.card_failed_message(approval))
             return None
-        await self._workflow.attach_card(approval.id, channel=channel, ts=str(posted["ts"]))
-        return await self._permalink(client, Thread("", channel, str(posted["ts"])))
+        except aiohttp.ClientError as exc:  # after the client's retries; a sweep tries again
+            log.error("could not post card %s: %r", approval.id, exc)
+            return None
+        ts = str(posted["ts"])
+        await self._workflow.card_posted(approval, ts=ts)
+        return await self._permalink(client, Thread("", channel, ts))
+
+    async def _find_card(self, client: AsyncWebClient, approval: Approval) -> str | None:
+        """The ts of the approval's card if a post cut off reached the channel; None if it
+        did not; "" when the channel could not be read (the card is left for a later
+        sweep rather than risk a second one)."""
+        assert approval.card is not None
+        since = (approval.request.requested_at - HISTORY_MARGIN).timestamp()
+        try:
+            history = await client.conversations_history(
+                channel=approval.card.channel,
+                oldest=f"{since:.6f}",
+                limit=999,  # one page, Slack's most: a card is posted soon after its request
+                include_all_metadata=True,
+            )
+        except (SlackApiError, aiohttp.ClientError) as exc:
+            log.error("could not look for the card of %s: %r", approval.id, exc)
+            return ""
+        for message in history.get("messages") or []:
+            meta = message.get("metadata") or {}
+            payload = meta.get("event_payload") or {}
+            if meta.get("event_type") == CARD_EVENT and payload.get("approval_id") == approval.id:
+                return str(message["ts"])
+        return None
 
     def _card(self, approval: Approval, thread_link: str | None) -> dict[str, Any]:
         description = self._workflow.describe(approval.request.tool)

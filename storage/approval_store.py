@@ -29,6 +29,8 @@ from storage import audit
 from storage.db import SessionFactory, autocommit
 from storage.lifecycle import (
     APPROVE,
+    CARD_FAILED,
+    CARD_POSTED,
     CLAIM,
     COMPLETE,
     DENY,
@@ -39,6 +41,7 @@ from storage.lifecycle import (
     PAUSE,
     RENEW,
     REQUEST,
+    RETRY_CARD,
     START_EXECUTION,
     STATES,
     TRANSITIONS,
@@ -47,6 +50,7 @@ from storage.lifecycle import (
     Approved,
     AuditEntry,
     Card,
+    CardState,
     Claim,
     Decision,
     Denied,
@@ -87,13 +91,16 @@ REQUIREMENTS: Mapping[Requirement, sa.ColumnElement[bool]] = {
     ),
     Requirement.LEASE_RAN_OUT: T.c.lease_until < _now,
     Requirement.OWN_CLAIM: T.c.attempts == sa.bindparam("attempt"),
+    Requirement.STILL_PENDING: A.c.status == ApprovalState.PENDING,
+    Requirement.POST_RAN_OUT: A.c.card_attempted_at < sa.bindparam("card_stale"),
 }
 STATE_COLUMN = {
     Subject.APPROVAL: A.c.status,
     Subject.EXECUTION: A.c.execution,
     Subject.TURN: T.c.state,
+    Subject.CARD: A.c.card_state,
 }
-_TABLE = {Subject.APPROVAL: A, Subject.EXECUTION: A, Subject.TURN: T}
+_TABLE = {Subject.APPROVAL: A, Subject.EXECUTION: A, Subject.TURN: T, Subject.CARD: A}
 
 
 def guard(transition: Transition) -> sa.ColumnElement[bool]:
@@ -150,12 +157,7 @@ DECIDABLE = GET.add_columns(*(_P.c[f].label(f"policy_{f}") for f in POLICY_FIELD
 )
 PENDING = _LOCATED.where(_TEAM, A.c.status == ApprovalState.PENDING)
 OVERDUE = _LOCATED.where(guard(EXPIRE))
-UNCARDED = _LOCATED.where(
-    A.c.status == ApprovalState.PENDING,
-    A.c.card_ts.is_(None),
-    A.c.card_channel.is_not(None),
-    A.c.requested_at < sa.bindparam("before"),
-)
+STALE_CARDS = _LOCATED.where(guard(RETRY_CARD))
 _THREAD = sa.and_(
     C.c.team_id == sa.bindparam("team"),
     C.c.channel_id == sa.bindparam("channel"),
@@ -276,11 +278,10 @@ DECIDE = {
 EXPIRE_ONE = Atomic(_write(EXPIRE, decided_at=_now), NOTE)
 START = Atomic(_write(START_EXECUTION), NOTE)
 FINISH = Atomic(_write(FINISH_EXECUTION, output=sa.bindparam("result")), NOTE)
-SET_CARD = (
-    sa.update(A)
-    .where(A.c.id == _ROW_ID)
-    .values(card_channel=sa.bindparam("channel"), card_ts=sa.bindparam("ts"))
-)
+# The card's outbox.
+POSTED = _write(CARD_POSTED, card_ts=sa.bindparam("ts"))
+FAILED = Atomic(_write(CARD_FAILED), NOTE)
+RETRY = _write(RETRY_CARD, card_attempted_at=_now)
 
 
 # Turns.
@@ -567,9 +568,28 @@ class ApprovalStore:
                 raise await _refusal(db, transition, _EXPLAIN_APPROVAL, values | {"now": at})
         return rows[0]
 
-    async def attach_card(self, approval_id: str, *, channel: str, ts: str) -> None:
+    async def card_posted(self, approval: Approval, *, ts: str) -> Approval:
+        """CARD_POSTED: the card is out, at `ts`."""
+        return await self._card(POSTED, CARD_POSTED, approval, {"ts": ts})
+
+    async def retry_card(self, approval: Approval, *, now: datetime, stale: datetime) -> Approval:
+        """RETRY_CARD: take over a post cut off before `stale` (one sweep gets it)."""
+        return await self._card(RETRY, RETRY_CARD, approval, {"now": now, "card_stale": stale})
+
+    async def _card(
+        self, write: sa.Update, transition: Transition, approval: Approval, params: dict[str, Any]
+    ) -> Approval:
+        values = _key(approval) | params
         async with autocommit(self._sessions) as db:
-            await db.execute(SET_CARD, {"row_id": approval_id, "channel": channel, "ts": ts})
+            row = (await db.execute(write, values)).first()
+            if row is None:
+                raise await _refusal(db, transition, _EXPLAIN_APPROVAL, values)
+        return _approval(row._mapping, approval.thread)
+
+    async def card_failed(self, approval: Approval, *, now: datetime) -> Approval:
+        """CARD_FAILED, audited: Slack refused the card for good."""
+        row = await self._change(FAILED, CARD_FAILED, approval, now, {})
+        return _approval(row._mapping, approval.thread)
 
     async def decidable(
         self, team_id: str, approval_id: str
@@ -599,13 +619,13 @@ class ApprovalStore:
         async with autocommit(self._sessions) as db:
             return _located(await db.execute(query, {"now": now}))
 
-    async def uncarded(
-        self, *, before: datetime, team_id: str | None = None
+    async def stale_cards(
+        self, *, stale: datetime, team_id: str | None = None
     ) -> tuple[Approval, ...]:
-        """Pending approvals, requested before `before`, whose card was never posted."""
-        query = UNCARDED if team_id is None else UNCARDED.where(A.c.team_id == team_id)
+        """Pending approvals whose card post began before `stale` and never finished."""
+        query = STALE_CARDS if team_id is None else STALE_CARDS.where(A.c.team_id == team_id)
         async with autocommit(self._sessions) as db:
-            return _located(await db.execute(query, {"before": before}))
+            return _located(await db.execute(query, {"card_stale": stale}))
 
     async def audit_trail(
         self, team_id: str, *, tool: str | None = None, limit: int = 20
@@ -736,7 +756,8 @@ def _approval(row: Mapping[Any, Any], thread: Thread) -> Approval:
         participants=tuple(row["participants"]),
         preview=row["preview"],
     )
-    card = None if row["card_channel"] is None else Card(row["card_channel"], row["card_ts"])
+    channel = row["card_channel"]
+    card = None if channel is None else Card(channel, row["card_ts"], CardState(row["card_state"]))
     return Approval(
         id=row["id"],
         turn_id=row["turn_id"],
@@ -795,4 +816,7 @@ def _columns(approval: Approval) -> dict[str, Any]:
         "output": None,
         "card_channel": approval.card.channel if approval.card else None,
         "card_ts": None,
+        # Recorded before the post: whoever paused the turn posts it now (else a sweep will).
+        "card_state": CardState.POSTING if approval.card else CardState.FAILED,
+        "card_attempted_at": r.requested_at,
     }

@@ -9,6 +9,8 @@ States
     execution  not_started -> started -> finished           of an approved call only
     turn       waiting -> resuming -> done | failed         a turn paused on interrupts
                resuming -> resuming                         lease renewed, or taken over
+    card       posting -> posted | failed                   the approvers' card (an outbox)
+               posting -> posting                           a sweep retries a cut-off post
 
 Why an approved call runs at most once
     1. A decision leaves only `pending`, as one conditional write: of two clicks (or a
@@ -27,6 +29,11 @@ Why an approved call runs at most once
        (agent/workflow.py `resume_parts`).
     4. A resume's restart parts are built from the stored request, never from a button.
     5. The tool gets the approval id as an idempotency key for the systems it calls.
+
+An approval's card is recorded as being posted (`posting`) before it is posted. A post cut
+off (the process died) is retried by one sweep (RETRY_CARD), which first looks for the card
+in the channel: a card is never posted twice. A post Slack refuses for good ends `failed`,
+and the requester is told.
 
 A conversation (a Slack thread) is held by one turn at a time: storage claims the thread
 for a turn (busy until it ends, or until its time runs out) and keeps it while that turn
@@ -59,6 +66,12 @@ class ExecutionState(enum.StrEnum):
     FINISHED = "finished"
 
 
+class CardState(enum.StrEnum):
+    POSTING = "posting"  # recorded before the post; a sweep retries it once it is stale
+    POSTED = "posted"
+    FAILED = "failed"  # Slack refused it for good; the requester was told
+
+
 class TurnState(enum.StrEnum):
     WAITING = "waiting"  # interrupts await decisions
     RESUMING = "resuming"  # claimed by one process until its lease runs out
@@ -66,7 +79,7 @@ class TurnState(enum.StrEnum):
     FAILED = "failed"
 
 
-State = ApprovalState | ExecutionState | TurnState
+State = ApprovalState | ExecutionState | TurnState | CardState
 
 
 class Subject(enum.StrEnum):
@@ -75,6 +88,7 @@ class Subject(enum.StrEnum):
     APPROVAL = "approval"
     EXECUTION = "execution"
     TURN = "turn"
+    CARD = "card"
 
 
 class Requirement(enum.StrEnum):
@@ -87,6 +101,8 @@ class Requirement(enum.StrEnum):
     ALL_DECIDED = "no approval of the turn is pending"
     LEASE_RAN_OUT = "the resume's lease has run out"
     OWN_CLAIM = "nobody has claimed the turn since the caller did"
+    STILL_PENDING = "the approval is still pending"
+    POST_RAN_OUT = "the last attempt to post the card is older than its grace"
 
 
 @dataclass(frozen=True)
@@ -185,6 +201,21 @@ CLAIM = Transition(
     T.RESUMING,
     requires=(R.ALL_DECIDED,),
 )
+RETRY_CARD = Transition(
+    "retry card",
+    Subject.CARD,
+    {CardState.POSTING: (R.POST_RAN_OUT,)},
+    CardState.POSTING,
+    requires=(R.STILL_PENDING,),
+)
+CARD_POSTED = Transition("card posted", Subject.CARD, {CardState.POSTING: ()}, CardState.POSTED)
+CARD_FAILED = Transition(
+    "card failed",
+    Subject.CARD,
+    {CardState.POSTING: ()},
+    CardState.FAILED,
+    audit=Audit("card_failed", "greenlight"),
+)
 RENEW = Transition("renew", Subject.TURN, {T.RESUMING: ()}, T.RESUMING, requires=(R.OWN_CLAIM,))
 COMPLETE = Transition("complete", Subject.TURN, {T.RESUMING: ()}, T.DONE, requires=(R.OWN_CLAIM,))
 GIVE_UP = Transition("give up", Subject.TURN, {T.RESUMING: ()}, T.FAILED, requires=(R.OWN_CLAIM,))
@@ -197,6 +228,9 @@ TRANSITIONS = (
     EXPIRE,
     START_EXECUTION,
     FINISH_EXECUTION,
+    RETRY_CARD,
+    CARD_POSTED,
+    CARD_FAILED,
     CLAIM,
     RENEW,
     COMPLETE,
@@ -208,6 +242,7 @@ STATES: Mapping[Subject, type[State]] = {
     Subject.APPROVAL: ApprovalState,
     Subject.EXECUTION: ExecutionState,
     Subject.TURN: TurnState,
+    Subject.CARD: CardState,
 }
 
 
@@ -283,10 +318,12 @@ Execution = NotStarted | Started | Finished
 
 @dataclass(frozen=True)
 class Card:
-    """Where the approvers' card goes (chosen at request time) and, once posted, its ts."""
+    """Where the approvers' card goes (chosen at request time), where its post got to, and
+    once posted its ts."""
 
     channel: str
     ts: str | None = None
+    state: CardState = CardState.POSTING
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-from storage.lifecycle import ApprovalState, ExecutionState, TurnState
+from storage.lifecycle import ApprovalState, CardState, ExecutionState, TurnState
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -148,6 +148,8 @@ class ApprovalRow(Base):
     output: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     card_channel: Mapped[str | None] = mapped_column(String(32))
     card_ts: Mapped[str | None] = mapped_column(String(32))
+    card_state: Mapped[CardState] = mapped_column(_enum(CardState), server_default="posting")
+    card_attempted_at: Mapped[datetime | None]
 
     __table_args__ = (Index("ix_approvals_status_expiry", "status", "expires_at"),)
 

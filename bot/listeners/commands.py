@@ -16,6 +16,7 @@ from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.policy import Policy, UnknownTool
+from agent.workflow import CardState
 from bot.blocks import escape
 from bot.deps import Deps
 from bot.listeners.fields import slack_id
@@ -152,6 +153,8 @@ async def list_pending(c: Invocation) -> str:
         when = f"<!date^{int(asked.timestamp())}^{{date_short_pretty}} {{time}}|"
         when += f"{asked:%Y-%m-%d %H:%M} UTC>"
         where = f" in <#{a.card.channel}>" if a.card else ""
+        if a.card is None or a.card.state == CardState.FAILED:
+            where += " — its card could not be posted"
         lines.append(f"• `{a.request.tool}` for <@{a.request.requester}>, asked {when}{where}")
     return "\n".join(lines) or "Nothing is waiting for approval."
 

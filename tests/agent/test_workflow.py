@@ -14,6 +14,8 @@ from agent.workflow import (
     Approved,
     AwaitingApproval,
     Busy,
+    Card,
+    CardState,
     DecisionRefused,
     Expired,
     Finished,
@@ -310,9 +312,13 @@ async def test_the_sweep_reports_approvals_whose_card_was_never_posted(h: Harnes
     assert isinstance(out, AwaitingApproval)
     assert (await h.workflow.sweep(h.team)).uncarded == ()  # a live process is posting it
     h.clock.advance(minutes=2)
-    assert [a.id for a in (await h.workflow.sweep(h.team)).uncarded] == [out.approvals[0].id]
-    await h.workflow.attach_card(out.approvals[0].id, channel="C0APPROVE", ts="1.1")
-    assert (await h.workflow.sweep(h.team)).uncarded == ()
+    [taken] = (await h.workflow.sweep(h.team)).uncarded
+    assert taken.id == out.approvals[0].id
+    assert (await h.workflow.sweep(h.team)).uncarded == ()  # this sweep has it for a while
+    posted = await h.workflow.card_posted(taken, ts="1.1")
+    assert posted is not None and posted.card == Card("C0APPROVE", "1.1", CardState.POSTED)
+    h.clock.advance(minutes=5)
+    assert (await h.workflow.sweep(h.team)).uncarded == ()  # posted: never again
 
 
 async def test_a_slow_preview_does_not_hold_the_card_back(

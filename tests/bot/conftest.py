@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,7 +107,7 @@ def bot_settings(slack: FakeSlack, gemini: FakeGemini, **overrides: Any) -> Sett
 
 @pytest.fixture
 async def fake_slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as slack:
+    async with FakeSlack(ts_start=int(time.time())) as slack:  # posts get real-time ts
         slack.channels[APPROVERS] = {"is_private": True}  # the only kind the bot accepts
         yield slack
 

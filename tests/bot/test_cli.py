@@ -69,6 +69,7 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "users_info": ("users:read",),
     "usergroups_users_list": ("usergroups:read",),
     "conversations_info": ("channels:read", "groups:read"),  # public and private channels
+    "conversations_history": ("channels:history", "groups:history"),  # a card cut off
 }
 EVENT_SCOPES = {
     "app_mention": "app_mentions:read",

@@ -8,15 +8,18 @@ import json
 import os
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.workflow import Expired, Reply
+from agent.workflow import CardState, Expired, Reply
 from bot.clicks import CLICKS
 from bot.server import Service
 from bot.settings import ConfigError
+from storage.db import SessionFactory
+from storage.models import ApprovalRow
 from tests import ledger_tools
 from tests.bot.conftest import (
     ADMIN,
@@ -317,3 +320,81 @@ async def test_a_failed_preview_is_shown_as_unavailable_and_the_card_still_goes_
     asked = await ask(client, fake_slack, gemini, team, args=broken)
     shown = json.dumps(asked.card.args["blocks"])
     assert "Preview unavailable" in shown and "preview API is down" not in shown
+
+
+# -- 11. No duplicate cards; a card Slack refuses is reported ---------------------------------
+
+
+async def cut_off(sessions: SessionFactory, approval_id: str) -> None:
+    """As if the process died posting the card, a while ago (before or after Slack had it)."""
+    async with sessions.begin() as db:
+        row = await db.get_one(ApprovalRow, approval_id)
+        row.card_state, row.card_ts = CardState.POSTING, None
+        row.card_attempted_at = datetime.now(UTC) - timedelta(minutes=5)
+
+
+async def sweep(service: Service, team: str) -> None:
+    assert service.deps is not None and service.app is not None
+    report = await service.deps.workflow.sweep(team)
+    await service.deps.delivery.sweep(service.app.client, report)
+
+
+@pytest.mark.parametrize("reached_slack", [True, False])
+async def test_a_card_post_cut_off_is_finished_once(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    bot_sessions: SessionFactory,
+    reached_slack: bool,
+) -> None:
+    asked = await ask(client, fake_slack, gemini, team)
+    await settle(service)
+    posted_ts = next(ts for ts, m in fake_slack.messages.items() if m.get("channel") == APPROVERS)
+    if not reached_slack:
+        del fake_slack.messages[posted_ts]
+    await cut_off(bot_sessions, asked.approval_id)
+    cards_before = len(
+        [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(APPROVERS)(c)]
+    )
+    await sweep(service, team)
+    await sweep(service, team)  # and again: nothing more
+    cards = [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(APPROVERS)(c)]
+    assert len(cards) == cards_before + (0 if reached_slack else 1)
+    assert service.deps is not None
+    now = await service.deps.workflow.approval(team, asked.approval_id)
+    assert now is not None and now.card is not None and now.card.state == CardState.POSTED
+    live = [ts for ts, m in fake_slack.messages.items() if m.get("channel") == APPROVERS]
+    assert live == [now.card.ts]  # one live card
+    assert (now.card.ts == posted_ts) == reached_slack  # found in the channel, not posted again
+
+
+async def test_a_card_slack_refuses_is_reported_to_the_requester_and_not_retried(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    gemini.script(function_call("transferMoney", TRANSFER, id="call-1"))
+    ts = new_ts()
+    original = fake_slack.handlers["chat.postMessage"]
+
+    def refuse_cards(args: dict[str, Any]) -> dict[str, Any]:
+        if args.get("channel") == APPROVERS:
+            return {"ok": False, "error": "not_in_channel"}
+        return original(args)
+
+    fake_slack.handlers["chat.postMessage"] = refuse_cards
+    assert (await client.dm(team, "UEMP", "send 500 to 12345", ts=ts))[0] == 200
+    (told,) = await fake_slack.wait_for(
+        "chat.postMessage", predicate=lambda c: "couldn't post the approval request" in text_of(c)
+    )
+    assert told.args["thread_ts"] == ts and "`/approvals pending`" in text_of(told)
+    await settle(service)
+    _, pending = await client.command(team, ADMIN, "pending")
+    assert "its card could not be posted" in pending
+    fake_slack.handlers["chat.postMessage"] = original
+    tries = len(fake_slack.calls_to("chat.postMessage"))
+    await sweep(service, team)
+    assert len(fake_slack.calls_to("chat.postMessage")) == tries  # failed for good: no retry
+    assert service.deps is not None
+    trail = [e.action for e in await service.deps.workflow.audit_trail(team)]
+    assert "card_failed" in trail

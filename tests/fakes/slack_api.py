@@ -143,6 +143,7 @@ class FakeSlack:
             "usergroups.users.list": self._usergroup_users,
             "conversations.info": self._conversation_info,
             "conversations.members": self._conversation_members,
+            "conversations.history": self._history,
             "assistant.threads.setStatus": lambda args: {"ok": True},
             "assistant.threads.setSuggestedPrompts": lambda args: {"ok": True},
             "chat.startStream": self._start_stream,
@@ -308,6 +309,7 @@ class FakeSlack:
             "team": self.team_id,
             "text": args.get("text", ""),
             "ts": ts,
+            "channel": args.get("channel"),  # a fake's own note: where it was posted
         }
         extra = ("blocks", "attachments", "thread_ts", "metadata")
         msg.update({k: args[k] for k in extra if k in args})
@@ -410,6 +412,17 @@ class FakeSlack:
             "is_ext_shared": False,
         }
         return {"ok": True, "channel": channel | self.channels.get(cid, {})}
+
+    def _history(self, args: JSON) -> JSON:
+        """The channel's messages this fake posted, newest first, from `oldest` on."""
+        channel, oldest = args.get("channel"), float(args.get("oldest") or 0)
+        with_meta = str(args.get("include_all_metadata")).lower() in ("true", "1")
+        found = [
+            {k: v for k, v in m.items() if with_meta or k != "metadata"}
+            for ts, m in sorted(self.messages.items(), reverse=True)
+            if m.get("channel") == channel and float(ts) >= oldest
+        ]
+        return {"ok": True, "messages": found, "has_more": False}
 
     def _conversation_members(self, args: JSON) -> JSON:
         members = self.members.get(str(args.get("channel", "")), [])

@@ -20,6 +20,8 @@ from storage.approval_store import ApprovalStore
 from storage.db import SessionFactory, make_session_factory
 from storage.lifecycle import (
     APPROVE,
+    CARD_FAILED,
+    CARD_POSTED,
     CLAIM,
     COMPLETE,
     DENY,
@@ -27,11 +29,13 @@ from storage.lifecycle import (
     FINISH_EXECUTION,
     GIVE_UP,
     RENEW,
+    RETRY_CARD,
     START_EXECUTION,
     Approval,
     ApprovalState,
     Approved,
     Card,
+    CardState,
     Claim,
     Denied,
     ExecutionState,
@@ -347,3 +351,43 @@ async def test_threads_and_events(db: Db) -> None:
     event = f"Ev{uuid.uuid4().hex}"
     results = await asyncio.gather(*(db.store.accept_event(event, now=NOW) for _ in range(5)))
     assert sorted(results) == [False] * 4 + [True]
+
+
+CARD_ACTS: dict[Transition, Callable[[Db, Approval], Awaitable[object]]] = {
+    RETRY_CARD: lambda d, a: d.store.retry_card(a, now=NOW, stale=NOW - HOUR),
+    CARD_POSTED: lambda d, a: d.store.card_posted(a, ts="1.5"),
+    CARD_FAILED: lambda d, a: d.store.card_failed(a, now=NOW),
+}
+
+
+@pytest.mark.parametrize("transition", list(CARD_ACTS), ids=lambda t: t.name)
+async def test_card_transitions_take_exactly_when_the_table_allows(
+    db: Db, transition: Transition
+) -> None:
+    attempts = (NOW - 2 * HOUR, NOW)
+    for card, status, attempted in itertools.product(CardState, ApprovalState, attempts):
+        approval, _ = await db.seed(status=status)
+        async with db.sessions.begin() as s:
+            row = await s.get_one(ApprovalRow, approval.id)
+            row.card_state, row.card_attempted_at = card, attempted
+        holds = {
+            Requirement.STILL_PENDING: status == ApprovalState.PENDING,
+            Requirement.POST_RAN_OUT: attempted < NOW - HOUR,
+        }
+        enters = expected(transition, card, holds)
+        case = f"{transition.name} from {card}, {status}, attempted {attempted:%H:%M}"
+        audits = await db.audit_rows()
+        if enters is None:
+            with pytest.raises(IllegalTransition):
+                await CARD_ACTS[transition](db, approval)
+            assert (await db.row(ApprovalRow, approval.id)).card_state == card, case
+            assert await db.audit_rows() == audits, case
+            continue
+        await CARD_ACTS[transition](db, approval)
+        after = await db.row(ApprovalRow, approval.id)
+        assert after.card_state == enters, case
+        assert await db.audit_rows() == audits + (transition is CARD_FAILED), case
+        if transition is RETRY_CARD:
+            assert after.card_attempted_at == NOW, case
+        if transition is CARD_POSTED:
+            assert after.card_ts == "1.5", case

@@ -9,6 +9,8 @@ import pytest
 
 from storage.lifecycle import (
     APPROVE,
+    CARD_FAILED,
+    CARD_POSTED,
     CLAIM,
     COMPLETE,
     DENY,
@@ -18,12 +20,14 @@ from storage.lifecycle import (
     PAUSE,
     RENEW,
     REQUEST,
+    RETRY_CARD,
     START_EXECUTION,
     STATES,
     TRANSITIONS,
     Approval,
     ApprovalState,
     Approved,
+    CardState,
     Denied,
     ExecutionState,
     Expired,
@@ -39,7 +43,7 @@ from storage.lifecycle import (
     TurnState,
 )
 
-A, E, T, R = ApprovalState, ExecutionState, TurnState, Requirement
+A, E, T, C, R = ApprovalState, ExecutionState, TurnState, CardState, Requirement
 NOW = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)
 
 # What the design allows, written out by hand: (transition, from) -> (enters, requirements).
@@ -51,6 +55,9 @@ ALLOWED: dict[tuple[Transition, State | None], tuple[State, set[Requirement]]] =
     (EXPIRE, A.PENDING): (A.EXPIRED, {R.PAST_DEADLINE}),
     (START_EXECUTION, E.NOT_STARTED): (E.STARTED, {R.APPROVED, R.SAME_CALL}),
     (FINISH_EXECUTION, E.STARTED): (E.FINISHED, set()),
+    (RETRY_CARD, C.POSTING): (C.POSTING, {R.STILL_PENDING, R.POST_RAN_OUT}),
+    (CARD_POSTED, C.POSTING): (C.POSTED, set()),
+    (CARD_FAILED, C.POSTING): (C.FAILED, set()),
     (CLAIM, T.WAITING): (T.RESUMING, {R.ALL_DECIDED}),
     (CLAIM, T.RESUMING): (T.RESUMING, {R.ALL_DECIDED, R.LEASE_RAN_OUT}),
     (RENEW, T.RESUMING): (T.RESUMING, {R.OWN_CLAIM}),
@@ -107,6 +114,7 @@ def test_audited_transitions_name_fields_an_approval_has() -> None:
         "expire": "expired",
         "start execution": "execution_started",
         "finish execution": "executed",
+        "card failed": "card_failed",
     }
     for spec in audited.values():
         assert set(spec.detail) <= {"input", "why", "reason", "output"}
