@@ -398,3 +398,16 @@ async def test_a_card_slack_refuses_is_reported_to_the_requester_and_not_retried
     assert service.deps is not None
     trail = [e.action for e in await service.deps.workflow.audit_trail(team)]
     assert "card_failed" in trail
+
+
+# -- 6. Nothing hidden --------------------------------------------------------------------------
+
+
+async def test_a_hidden_character_in_an_argument_is_shown_and_flagged_on_the_card(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    sneaky = {"amount": 5, "toAccount": "1234\u202e98765"}  # Slack would show 123456789
+    asked = await ask(client, fake_slack, gemini, team, args=sneaky)
+    sent = json.dumps(asked.card.args, ensure_ascii=False)
+    assert "\u202e" not in sent
+    assert "1234\\\\u202e98765" in sent and "contains hidden characters" in sent
