@@ -172,7 +172,7 @@ class Atomic:
     """A change and the writes that must happen exactly when it happens, built once.
 
     `change` is a conditional UPDATE (or an INSERT) with RETURNING; each of `then` is a row
-    to insert (`Row`) or an UPDATE; `read`, if given, builds what to return from the changed
+    to insert (`NewRow`) or an UPDATE; `read`, if given, builds what to return from the changed
     row (by default, the changed row itself). On PostgreSQL all of it is one statement: the
     change as a data-modifying CTE, each write and the read reading from it, so all or none
     commit with no transaction around them: one round trip where a transaction takes four
@@ -184,18 +184,18 @@ class Atomic:
     def __init__(
         self,
         change: sa.Update | sa.Insert,
-        *then: Row | sa.Update,
+        *then: NewRow | sa.Update,
         read: Callable[[sa.FromClause], sa.Select[Any]] | None = None,
     ) -> None:
         self.steps: list[sa.Executable] = [change]
-        self.steps += [t.alone() if isinstance(t, Row) else t for t in then]
+        self.steps += [t.alone() if isinstance(t, NewRow) else t for t in then]
         if read is not None:
             table = cast(sa.Table, change.table)
             self.steps.append(read(sa.select(table).where(table.c.id == _ROW_ID).subquery()))
         self.returns_changed = read is None
         changed = change.cte("changed")
         writes = [
-            (t.after(changed) if isinstance(t, Row) else t.where(sa.exists(changed.select())))
+            (t.after(changed) if isinstance(t, NewRow) else t.where(sa.exists(changed.select())))
             for t in then
         ]
         result = sa.select(changed) if read is None else read(changed)
@@ -228,7 +228,7 @@ class Atomic:
 
 
 @dataclass(frozen=True)
-class Row:
+class NewRow:
     """One row of `table` written with a change, its values bound as `prefix` + column."""
 
     table: sa.Table
@@ -251,7 +251,7 @@ class Row:
         return {self.prefix + key: value for key, value in values.items()}
 
 
-NOTE = Row(audit.TABLE, "audit_")  # a transition's audit row
+NOTE = NewRow(audit.TABLE, "audit_")  # a transition's audit row
 
 # Approvals: each change with its audit row.
 DECIDE = {
@@ -319,9 +319,9 @@ END = {
 def paused_turn(approvals: int, after: Transition | None = None) -> Atomic:
     """PAUSE a turn with `approvals` REQUESTs and their audit rows; `after`: the turn a
     resume COMPLETEs in the same breath (its interrupts chained). Built once per shape."""
-    turn = Row(T, "t_")
-    rows = [Row(A, f"a{i}_") for i in range(approvals)]
-    notes = [Row(audit.TABLE, f"e{i}_") for i in range(approvals)]
+    turn = NewRow(T, "t_")
+    rows = [NewRow(A, f"a{i}_") for i in range(approvals)]
+    notes = [NewRow(audit.TABLE, f"e{i}_") for i in range(approvals)]
     if after is None:
         return Atomic(turn.alone().returning(T.c.id), *rows, *notes)
     ended = _write(after, lease_until=None, updated_at=_now)
@@ -670,7 +670,7 @@ async def _refusal(
 
 def pause_params(turn: PausedTurn, approvals: Sequence[Approval]) -> dict[str, Any]:
     """The parameters of `paused_turn`: the turn's row, each approval's row and audit row."""
-    params = Row(T, "t_").params(
+    params = NewRow(T, "t_").params(
         {
             "id": turn.id,
             "team_id": turn.thread.team_id,
@@ -685,8 +685,8 @@ def pause_params(turn: PausedTurn, approvals: Sequence[Approval]) -> dict[str, A
         }
     )
     for i, approval in enumerate(approvals):
-        params |= Row(A, f"a{i}_").params(_columns(approval))
-        params |= Row(audit.TABLE, f"e{i}_").params(_audit(REQUEST, approval, turn.at))
+        params |= NewRow(A, f"a{i}_").params(_columns(approval))
+        params |= NewRow(audit.TABLE, f"e{i}_").params(_audit(REQUEST, approval, turn.at))
     return params
 
 
