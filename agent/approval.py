@@ -54,8 +54,9 @@ class TurnScope:
     participants: tuple[str, ...] = ()
     # A resume's approvals, as claimed: the only ones a restart of this turn may carry.
     approvals: Mapping[str, Approval] = field(default_factory=dict)
-    # Policies as read at this turn's tool calls, so pausing needs no second read.
-    policies: dict[str, Policy] = field(default_factory=dict)
+    # The policy of each call this turn made (by its ref), rules applied, as read when the
+    # call was made: pausing needs no second read.
+    calls: dict[str, Policy] = field(default_factory=dict)
 
 
 current_scope: ContextVar[TurnScope | None] = ContextVar("greenlight_turn", default=None)
@@ -182,7 +183,11 @@ def approval_middleware(
                 if isinstance(approval_id, str):
                     return await run_approved(approval_id, scope, params, ctx, next_fn)
                 # Approval metadata with no recorded approval behind it is not trusted.
-            policy = scope.policies[tool] = await policies.get(scope.team_id, tool)
+            request = params.tool_request_part.tool_request
+            args = request.input if request else None
+            policy = (await policies.get(scope.team_id, tool)).for_call(args, scope.requester)
+            if request is not None and request.ref:
+                scope.calls[request.ref] = policy
             if policy.allowed:
                 async with outside():
                     return await next_fn(params, ctx)
@@ -190,8 +195,7 @@ def approval_middleware(
                 # An approver never sees (and never approves) a call that cannot run.
                 log.info("invalid input for %s; no approval asked: %s", tool, problem)
                 return MultipartToolResponse(output={"ok": False, "error": problem})
-            request = params.tool_request_part.tool_request
-            shown = await preview(tool, request.input if request else None)
+            shown = await preview(tool, args)
             raise Interrupt({"why": policy.why, "preview": shown})
 
     return GreenlightApproval

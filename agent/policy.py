@@ -1,16 +1,27 @@
-"""Tool policy: which tools run freely, where approvals go, who may decide, how long they wait.
+"""Tool policy: which calls run freely, where approvals go, who may decide, how many must,
+how long they wait.
+
+A tool's policy may carry rules (from POLICY_FILE): CEL expressions over the call's `args`,
+`tool` and `requester`, the first that matches adjusting the policy for that call. A rule
+that cannot be evaluated means the call needs approval (fail closed), and says so.
 
 The rules live here; storage keeps the rows and the Slack layer supplies facts about people.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+import functools
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
+import cel
+
+from agent.policy_file import PolicyFile
 from storage.policies import PolicyStore, StoredPolicy
+
+POLICY_FILE_ACTOR = "policy-file"  # who the audit trail says changed what the file sets
 
 
 class UnknownTool(ValueError):
@@ -24,10 +35,76 @@ class UnknownTool(ValueError):
 
 @dataclass(frozen=True)
 class PolicyDefaults:
-    """Configuration-level defaults for tools an admin has not configured."""
+    """Defaults for tools nobody configured: APPROVER_CHANNEL, APPROVAL_TIMEOUT_SECONDS, and
+    POLICY_FILE's `defaults`."""
 
     channel: str | None = None
     timeout: timedelta = timedelta(hours=24)
+    approvals: int = 1
+
+
+class RuleError(Exception):
+    """A rule's expression could not be evaluated for this call."""
+
+
+@functools.lru_cache(maxsize=1024)
+def compiled(expression: str) -> cel.Program:
+    """Each expression is compiled once (POLICY_FILE's at start, when they are checked)."""
+    return cel.compile(expression)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """`when` a call matches, what changes for it; None: unchanged."""
+
+    when: str
+    allow: bool | None = None
+    approvals: int | None = None
+    channel: str | None = None
+    approvers: tuple[str, ...] | None = None
+    timeout: timedelta | None = None
+
+    def matches(self, args: Any, tool: str, requester: str) -> bool:
+        try:
+            result = compiled(self.when).execute(
+                {"args": args, "tool": tool, "requester": requester}
+            )
+        except Exception as exc:  # a missing field, a wrong type, a syntax error in a row
+            raise RuleError(str(exc).splitlines()[0][:200]) from None
+        if not isinstance(result, bool):
+            raise RuleError(f"it gave {type(result).__name__}, not true or false")
+        return result
+
+    def as_stored(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"when": self.when}
+        for key in ("allow", "approvals", "channel"):
+            if (value := getattr(self, key)) is not None:
+                out[key] = value
+        if self.approvers is not None:
+            out["approvers"] = list(self.approvers)
+        if self.timeout is not None:
+            out["timeout_seconds"] = int(self.timeout.total_seconds())
+        return out
+
+    @classmethod
+    def from_stored(cls, data: Mapping[str, Any]) -> Rule:
+        seconds = data.get("timeout_seconds")
+        approvers = data.get("approvers")
+        return cls(
+            when=str(data["when"]),
+            allow=data.get("allow"),
+            approvals=data.get("approvals"),
+            channel=data.get("channel"),
+            approvers=None if approvers is None else tuple(approvers),
+            timeout=None if seconds is None else timedelta(seconds=seconds),
+        )
+
+
+def split_principals(ids: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(users, user groups) of a list of both: groups' ids start with S."""
+    return tuple(i for i in ids if not i.startswith("S")), tuple(
+        i for i in ids if i.startswith("S")
+    )
 
 
 @dataclass(frozen=True)
@@ -38,6 +115,9 @@ class Policy:
     approver_users: tuple[str, ...] = ()
     approver_groups: tuple[str, ...] = ()
     timeout: timedelta = timedelta(hours=24)
+    approvals: int = 1  # distinct approvers needed
+    rules: tuple[Rule, ...] = ()
+    note: str | None = None  # which rule decided this call's policy, or could not
 
     @property
     def names_approvers(self) -> bool:
@@ -48,8 +128,45 @@ class Policy:
     def why(self) -> str:
         """Why a call of this tool needs a human, shown on the card."""
         if self.names_approvers:
-            return f"{self.tool} is not on the allow-list; its policy names its approvers"
-        return f"{self.tool} is not on the allow-list (default policy: every tool needs approval)"
+            base = f"{self.tool} is not on the allow-list; its policy names its approvers"
+        else:
+            base = (
+                f"{self.tool} is not on the allow-list (default policy: every tool needs approval)"
+            )
+        if self.approvals > 1:
+            base += f"; it needs {self.approvals} approvers"
+        return f"{base}; {self.note}" if self.note else base
+
+    def for_call(self, args: Any, requester: str) -> Policy:
+        """The policy of one call: the first rule it matches applied (no rule applies to a
+        tool an admin allowed outright). A rule that cannot be evaluated stops there: the
+        call needs approval, and `note` says which rule and why."""
+        if self.allowed or not self.rules:
+            return replace(self, rules=())
+        for number, rule in enumerate(self.rules, 1):
+            try:
+                hit = rule.matches(args, self.tool, requester)
+            except RuleError as exc:
+                note = f"rule {number} (`{rule.when}`) could not be evaluated ({exc})"
+                return replace(self, rules=(), note=note)
+            if hit:
+                users, groups = (
+                    split_principals(rule.approvers)
+                    if rule.approvers is not None
+                    else (self.approver_users, self.approver_groups)
+                )
+                return replace(
+                    self,
+                    rules=(),
+                    allowed=self.allowed if rule.allow is None else rule.allow,
+                    approvals=rule.approvals or self.approvals,
+                    channel=rule.channel or self.channel,
+                    approver_users=users,
+                    approver_groups=groups,
+                    timeout=rule.timeout or self.timeout,
+                    note=f"rule {number} matched: `{rule.when}`",
+                )
+        return replace(self, rules=())
 
 
 @dataclass(frozen=True)
@@ -99,7 +216,13 @@ def refusal(
 
 def _effective(tool: str, stored: StoredPolicy | None, defaults: PolicyDefaults) -> Policy:
     if stored is None:
-        return Policy(tool=tool, allowed=False, channel=defaults.channel, timeout=defaults.timeout)
+        return Policy(
+            tool=tool,
+            allowed=False,
+            channel=defaults.channel,
+            timeout=defaults.timeout,
+            approvals=defaults.approvals,
+        )
     timeout = stored.timeout_seconds
     return Policy(
         tool=tool,
@@ -108,6 +231,8 @@ def _effective(tool: str, stored: StoredPolicy | None, defaults: PolicyDefaults)
         approver_users=stored.approver_users,
         approver_groups=stored.approver_groups,
         timeout=timedelta(seconds=timeout) if timeout else defaults.timeout,
+        approvals=stored.approvals or defaults.approvals,
+        rules=tuple(Rule.from_stored(r) for r in stored.rules),
     )
 
 
@@ -142,9 +267,68 @@ class PolicyService:
         stored = {p.tool: p for p in await self._store.all(team_id)}
         return [_effective(t, stored.get(t), self._defaults) for t in self.known_tools()]
 
+    async def apply_file(self, team_id: str, file: PolicyFile) -> list[str]:
+        """Make each tool POLICY_FILE names have the policy the file gives it, audited as
+        the policy file's change; returns the tools it changed. Admins' later changes
+        apply until the next start."""
+        changed = []
+        for tool in self.known_tools():
+            wanted = from_file(tool, file)
+            current = await self._store.get(team_id, tool) or StoredPolicy(tool=tool)
+            changes = {k: v for k, v in wanted.items() if not _same(getattr(current, k), v)}
+            if changes:
+                await self.change(team_id, tool, by=POLICY_FILE_ACTOR, **changes)
+                changed.append(tool)
+        return changed
+
     async def change(self, team_id: str, tool: str, *, by: str, **changes: object) -> Policy:
         """Apply an admin's change; unknown tools are refused before anything is written."""
         if tool not in self._tools():
             raise UnknownTool(tool, self._tools())
         stored = await self._store.change(team_id, tool, by=by, now=self._clock(), changes=changes)
         return _effective(tool, stored, self._defaults)
+
+
+def from_file(tool: str, file: PolicyFile) -> dict[str, Any]:
+    """The stored fields POLICY_FILE sets for `tool` (none when it does not name it)."""
+    spec = file.tools.get(tool)
+    if spec is None:
+        return {"allowed": True} if tool in file.allow else {}
+    users, groups = split_principals(spec.approvers or [])
+    rules = [
+        Rule(
+            when=r.when,
+            allow=r.allow,
+            approvals=r.approvals,
+            channel=r.channel,
+            approvers=None if r.approvers is None else tuple(r.approvers),
+            timeout=r.timeout,
+        ).as_stored()
+        for r in spec.rules
+    ]
+    return {
+        "allowed": tool in file.allow,
+        "channel": spec.channel,
+        "approver_users": list(users),
+        "approver_groups": list(groups),
+        "timeout_seconds": _seconds(spec.timeout),
+        "approvals": spec.approvals,
+        "rules": rules,
+        "remind_after_seconds": _seconds(spec.remind_after),
+        "escalate_after_seconds": _seconds(spec.escalate_after),
+        "escalate_to": spec.escalate_to,
+        "escalate_approvers": list(spec.escalate_approvers or []),
+    }
+
+
+def _seconds(value: timedelta | None) -> int | None:
+    return None if value is None else int(value.total_seconds())
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal once tuples and lists are the same kind of thing."""
+    return bool(_listed(a) == _listed(b))
+
+
+def _listed(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value

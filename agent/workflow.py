@@ -248,10 +248,10 @@ class Workflow:
         approval = await self._expire_if_overdue(found[0])
         if approval.decision is not None:
             raise DecisionRefused("already_decided", approval)
-        policy = self._policies.of(approval.request.tool, found[1])
+        r = approval.request
+        policy = self._policies.of(r.tool, found[1]).for_call(r.input, r.requester)
         if callable(facts):
             facts = await facts(approval, policy)
-        r = approval.request
         why = refusal(
             policy,
             requester=r.requester,
@@ -396,9 +396,9 @@ class Workflow:
         }
         approvals = []
         for intr in out.interrupts:
-            policy = scope.policies.get(intr.name) or await self._policies.get(
-                scope.team_id, intr.name
-            )
+            policy = scope.calls.get(intr.ref or "") or (
+                await self._policies.get(scope.team_id, intr.name)
+            ).for_call(intr.input, scope.requester)
             note = notes.get(intr.ref, {})
             preview = note.get("preview")
             request = Request(

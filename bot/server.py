@@ -19,6 +19,7 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import text
 
+from agent import policy_file as policy_files
 from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.policy import PolicyDefaults
 from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig, ToolModuleError
@@ -123,8 +124,17 @@ class Service:
             gemini_api_key=s.GEMINI_API_KEY.get_secret_value() if s.GEMINI_API_KEY else None,
             gemini_api_url=s.GEMINI_API_URL,
         )
+        policy_file = None
+        if s.POLICY_FILE is not None:
+            try:
+                policy_file = policy_files.load(s.POLICY_FILE)
+            except policy_files.PolicyFileError as exc:
+                raise ConfigError([f"POLICY_FILE {exc}"]) from None
+        file_defaults = policy_file.defaults if policy_file else policy_files.Defaults()
         defaults = PolicyDefaults(
-            channel=s.APPROVER_CHANNEL, timeout=timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS)
+            channel=s.APPROVER_CHANNEL,
+            timeout=file_defaults.timeout or timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS),
+            approvals=file_defaults.approvals or 1,
         )
         background = Background(limit=s.MAX_CONCURRENT_TURNS)
         try:
@@ -139,6 +149,13 @@ class Service:
             )
         except ToolModuleError as exc:  # AGENT_TOOLS names something that cannot be loaded
             raise ConfigError([str(exc)]) from None
+        if policy_file is not None and s.POLICY_FILE is not None:
+            try:
+                policy_files.check_tools(
+                    s.POLICY_FILE, policy_file, workflow.policies.known_tools()
+                )
+            except policy_files.PolicyFileError as exc:
+                raise ConfigError([f"POLICY_FILE {exc}"]) from None
         self.deps = deps = Deps(
             workflow=workflow,
             delivery=Delivery(workflow, clock=utc_now),
@@ -157,6 +174,10 @@ class Service:
         assert s.APPROVER_CHANNEL is not None  # serving_problems() requires it
         if problems := await approver_channel_problems(app.client, s.APPROVER_CHANNEL):
             raise ConfigError(problems)
+        if policy_file is not None:  # the workspace this token serves gets the file's policy
+            team = str((await app.client.auth_test())["team_id"])
+            changed = await workflow.policies.apply_file(team, policy_file)
+            log.info("POLICY_FILE set the policy of %d tool(s): %s", len(changed), changed)
         # Socket Mode gets no Slack route: unsigned HTTP requests must never reach Bolt.
         web_app = web.Application() if s.socket_mode else app.web_app(path=SLACK_PATH)
         if not s.socket_mode and signing is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
@@ -48,6 +49,7 @@ class Settings(BaseSettings):
     AGENT_TOOLS: Annotated[list[str], NoDecode] = Field(default_factory=lambda: [DEFAULT_TOOLS])
 
     APPROVER_CHANNEL: str | None = None
+    POLICY_FILE: Path | None = None
     ADMIN_USERS: Annotated[list[str], NoDecode] = Field(default_factory=list)
     APPROVAL_TIMEOUT_SECONDS: int = Field(default=24 * 3600, gt=0)
     RECOVERY_INTERVAL_SECONDS: float = Field(default=30.0, gt=0)
@@ -79,6 +81,13 @@ class Settings(BaseSettings):
     def _channel_id(cls, value: str | None) -> str | None:
         if value is not None and not (_SLACK_ID.match(value) and value[0] in "CG"):
             raise ValueError("must be a channel ID such as C0123ABCD (not a #name)")
+        return value
+
+    @field_validator("POLICY_FILE")
+    @classmethod
+    def _readable(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"{value} is not a file")
         return value
 
     @field_validator("ADMIN_USERS")

@@ -166,6 +166,12 @@ class PolicyRow(Base):
     approver_users: Mapped[list[Any]] = mapped_column(JSON, default=list)
     approver_groups: Mapped[list[Any]] = mapped_column(JSON, default=list)
     timeout_seconds: Mapped[int | None] = mapped_column(Integer)
+    approvals: Mapped[int | None] = mapped_column(Integer)  # distinct approvers needed
+    rules: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'"))  # see POLICY_FILE
+    remind_after_seconds: Mapped[int | None] = mapped_column(Integer)
+    escalate_after_seconds: Mapped[int | None] = mapped_column(Integer)
+    escalate_to: Mapped[str | None] = mapped_column(String(32))
+    escalate_approvers: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'"))
     updated_at: Mapped[datetime]
     updated_by: Mapped[str] = mapped_column(String(32))
 

@@ -18,7 +18,19 @@ _TEAM = _P.c.team_id == sa.bindparam("team_id")
 # Read at every tool call: a prebuilt Core query, not the ORM's identity-map get.
 GET = sa.select(_P).where(_TEAM, _P.c.tool == sa.bindparam("tool"))
 ALL = sa.select(_P).where(_TEAM)
-CHANGEABLE = ("allowed", "channel", "approver_users", "approver_groups", "timeout_seconds")
+CHANGEABLE = (
+    "allowed",
+    "channel",
+    "approver_users",
+    "approver_groups",
+    "timeout_seconds",
+    "approvals",
+    "rules",
+    "remind_after_seconds",
+    "escalate_after_seconds",
+    "escalate_to",
+    "escalate_approvers",
+)
 POLICY_FIELDS = ("tool", *CHANGEABLE)
 
 
@@ -32,6 +44,12 @@ class StoredPolicy:
     approver_users: tuple[str, ...] = ()
     approver_groups: tuple[str, ...] = ()
     timeout_seconds: int | None = None
+    approvals: int | None = None
+    rules: tuple[dict[str, Any], ...] = ()  # as POLICY_FILE writes them (agent/policy.py)
+    remind_after_seconds: int | None = None
+    escalate_after_seconds: int | None = None
+    escalate_to: str | None = None
+    escalate_approvers: tuple[str, ...] = ()
 
 
 def stored_policy(row: Mapping[Any, Any]) -> StoredPolicy:
@@ -43,6 +61,12 @@ def stored_policy(row: Mapping[Any, Any]) -> StoredPolicy:
         approver_users=tuple(row["approver_users"]),
         approver_groups=tuple(row["approver_groups"]),
         timeout_seconds=row["timeout_seconds"],
+        approvals=row["approvals"],
+        rules=tuple(row["rules"] or ()),
+        remind_after_seconds=row["remind_after_seconds"],
+        escalate_after_seconds=row["escalate_after_seconds"],
+        escalate_to=row["escalate_to"],
+        escalate_approvers=tuple(row["escalate_approvers"] or ()),
     )
 
 
@@ -72,7 +96,13 @@ class PolicyStore:
             row = await db.get(PolicyRow, (team_id, tool), with_for_update=True)
             if row is None:
                 row = PolicyRow(
-                    team_id=team_id, tool=tool, allowed=False, approver_users=[], approver_groups=[]
+                    team_id=team_id,
+                    tool=tool,
+                    allowed=False,
+                    approver_users=[],
+                    approver_groups=[],
+                    rules=[],
+                    escalate_approvers=[],
                 )
                 db.add(row)
             for key, value in changes.items():

@@ -7,7 +7,7 @@ Each subcommand is a function of SUBCOMMANDS, returning the reply.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -15,7 +15,7 @@ from typing import Any
 from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.policy import Policy, UnknownTool
+from agent.policy import Policy, Rule, UnknownTool, split_principals
 from agent.workflow import CardState
 from bot.blocks import escape
 from bot.deps import Deps
@@ -25,6 +25,7 @@ HELP = """*`/approvals`* — who approves what the agent does
 • `list` — every tool: allowed or needs approval, channel, approvers, timeout
 • `pending` — open approval requests
 • `audit [tool]` — recent requests, decisions and policy changes
+• `rules <tool>` — the tool's rules (from the policy file), in order
 Admins only:
 • `allow <tool>` — run it without approval  •  `require <tool>` — needs approval again
 • `route <tool> #channel` — where its approval cards go
@@ -69,11 +70,36 @@ def parse_duration(text: str) -> timedelta:
 def describe(policy: Policy) -> str:
     state = "runs freely" if policy.allowed else "needs approval"
     channel = f"<#{policy.channel}>" if policy.channel else "_no channel: set one with `route`_"
-    people = [f"<@{u}>" for u in policy.approver_users]
-    people += [f"<!subteam^{g}>" for g in policy.approver_groups]
-    who = " ".join(people) or "anyone in the channel"
+    who = _who(policy.approver_users, policy.approver_groups)
     hours = policy.timeout.total_seconds() / 3600
-    return f"• `{policy.tool}` — {state} · {channel} · approvers: {who} · timeout {hours:g}h"
+    line = f"• `{policy.tool}` — {state} · {channel} · approvers: {who} · timeout {hours:g}h"
+    if policy.approvals > 1:
+        line += f" · {policy.approvals} approvals"
+    if policy.rules and not policy.allowed:
+        count = len(policy.rules)
+        line += f" · {count} rule{'s' * (count > 1)} (`/approvals rules {policy.tool}`)"
+    return line
+
+
+def _who(users: Sequence[str], groups: Sequence[str]) -> str:
+    people = [f"<@{u}>" for u in users] + [f"<!subteam^{g}>" for g in groups]
+    return " ".join(people) or "anyone in the channel"
+
+
+def describe_rule(number: int, rule: Rule) -> str:
+    """One rule as an admin reads it: when, then what changes for the call."""
+    then = []
+    if rule.allow is not None:
+        then.append("runs freely" if rule.allow else "needs approval")
+    if rule.approvals is not None:
+        then.append(f"{rule.approvals} approval{'s' * (rule.approvals > 1)}")
+    if rule.channel is not None:
+        then.append(f"cards to <#{rule.channel}>")
+    if rule.approvers is not None:
+        then.append("approvers: " + _who(*split_principals(rule.approvers)))
+    if rule.timeout is not None:
+        then.append(f"timeout {rule.timeout.total_seconds() / 3600:g}h")
+    return f"{number}. when `{escape(rule.when)}` → {', '.join(then) or 'no change'}"
 
 
 def policy_change(verb: str, args: list[str]) -> dict[str, Any]:
@@ -169,6 +195,22 @@ async def audit_trail(c: Invocation) -> str:
     return "\n".join(lines) or "The audit trail is empty."
 
 
+async def list_rules(c: Invocation) -> str:
+    if len(c.args) != 1:
+        raise Usage("Usage: `/approvals rules <tool>`")
+    tool, policies = c.args[0], c.deps.workflow.policies
+    if tool not in policies.known_tools():
+        raise UnknownTool(tool, policies.known_tools())
+    policy = await policies.get(c.team, tool)
+    if not policy.rules:
+        return f"`{tool}` has no rules: {describe(policy)[2:]}"
+    lines = [describe_rule(i, rule) for i, rule in enumerate(policy.rules, 1)]
+    note = "\n_The first rule that matches a call decides; others get the policy above._"
+    if policy.allowed:
+        note = "\n_The tool is allowed outright (`/approvals allow`), so no rule applies now._"
+    return describe(policy) + "\n" + "\n".join(lines) + note
+
+
 async def show_help(c: Invocation) -> str:
     return HELP
 
@@ -177,6 +219,7 @@ SUBCOMMANDS: dict[str, Callable[[Invocation], Awaitable[str]]] = {
     "list": list_tools,
     "pending": list_pending,
     "audit": audit_trail,
+    "rules": list_rules,
     "help": show_help,
     **dict.fromkeys(CHANGING, change),
 }

@@ -70,6 +70,7 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "usergroups_users_list": ("usergroups:read",),
     "conversations_info": ("channels:read", "groups:read"),  # public and private channels
     "conversations_history": ("channels:history", "groups:history"),  # a card cut off
+    "auth_test": (),  # which workspace POLICY_FILE is for
 }
 EVENT_SCOPES = {
     "app_mention": "app_mentions:read",
@@ -108,3 +109,26 @@ def test_tools_that_cannot_be_loaded_are_a_configuration_error(tmp_path: Path) -
     assert result.returncode == 2, result.stderr
     assert "AGENT_TOOLS: cannot import 'no_such_tools_module'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_invalid_policy_file_stops_the_bot_naming_the_file_and_the_line(
+    tmp_path: Path,
+) -> None:
+    policy = tmp_path / "policy.yml"
+    policy.write_text("tools:\n  transferMoney:\n    rules:\n      - when: 'args.amount >'\n")
+    env = {
+        "SLACK_BOT_TOKEN": "xoxb-1",
+        "SLACK_SIGNING_SECRET": "s",
+        "GEMINI_API_KEY": "k",
+        "APPROVER_CHANNEL": "C0APPROVE",
+        "DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}",
+        "POLICY_FILE": str(policy),
+        "PORT": "0",
+    }
+    result = run_bot(env=env)
+    assert result.returncode == 2, result.stderr
+    assert f"POLICY_FILE {policy}, line 4: the rule's `when` does not compile" in result.stderr
+    assert "Traceback" not in result.stderr
+    policy.write_text("tools:\n  launchRockets: {}\n")
+    result = run_bot(env=env)
+    assert result.returncode == 2 and "line 2: tools: no tool 'launchRockets'" in result.stderr

@@ -20,7 +20,8 @@ async def run(service: Service, team: str, user: str, text: str) -> str:
 
 async def test_each_subcommand_answers_through_the_table(service: Service, team: str) -> None:
     assert set(SUBCOMMANDS) == {
-        "list", "pending", "audit", "help", "allow", "require", "route", "approvers", "timeout"
+        "list", "pending", "audit", "rules", "help", "allow", "require", "route", "approvers",
+        "timeout",
     }  # fmt: skip
     assert "`transferMoney` — needs approval" in await run(service, team, "UASK", "list")
     assert await run(service, team, "UASK", "pending") == "Nothing is waiting for approval."

@@ -1,0 +1,187 @@
+"""POLICY_FILE: the tool policy as code, read and checked once at start.
+
+The file is YAML of exactly the shape `PolicyFile` describes (README, "Policies"). Anything
+wrong with it (a key that does not belong, a bad duration, a CEL expression that does not
+compile, a tool the agent does not have) is a `PolicyFileError` naming the file, the line
+and the problem, so the bot refuses to start rather than run with a policy nobody wrote.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import cel
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+DURATION = re.compile(r"^(\d{1,6})([smhd])$")
+UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+CHANNEL = re.compile(r"^[CG][A-Z0-9]{2,}$")
+PRINCIPAL = re.compile(r"^[UWS][A-Z0-9]{2,}$")  # a user (U, W) or a user group (S)
+
+
+def duration(value: object) -> timedelta:
+    """`45s`, `15m`, `4h`, `2d`."""
+    match = DURATION.match(str(value).strip()) if isinstance(value, str | int) else None
+    if match is None:
+        raise ValueError(f"{value!r} is not a duration such as 45s, 15m, 4h or 2d")
+    return timedelta(**{UNITS[match.group(2)]: int(match.group(1))})
+
+
+def _channel(value: object) -> str:
+    if not (isinstance(value, str) and CHANNEL.match(value)):
+        raise ValueError(f"{value!r} is not a channel ID such as C0123ABCD")
+    return value
+
+
+def _principals(value: object) -> list[str]:
+    if not isinstance(value, list):
+        raise ValueError("must be a list of user and user group IDs")
+    bad = [v for v in value if not (isinstance(v, str) and PRINCIPAL.match(v))]
+    if bad:
+        raise ValueError(f"not user (U…) or user group (S…) IDs: {bad}")
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(duration)]
+Channel = Annotated[str, BeforeValidator(_channel)]
+Principals = Annotated[list[str], BeforeValidator(_principals)]
+Quorum = Annotated[int, Field(ge=1, le=20)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RuleSpec(_Strict):
+    """First match wins: `when` is a CEL expression over `args`, `tool` and `requester`."""
+
+    when: str
+    allow: bool | None = None
+    approvals: Quorum | None = None
+    channel: Channel | None = None
+    approvers: Principals | None = None
+    timeout: Duration | None = None
+
+
+class ToolSpec(_Strict):
+    channel: Channel | None = None
+    approvers: Principals | None = None
+    approvals: Quorum | None = None
+    timeout: Duration | None = None
+    remind_after: Duration | None = None
+    escalate_after: Duration | None = None
+    escalate_to: Channel | None = None
+    escalate_approvers: Principals | None = None
+    rules: list[RuleSpec] = Field(default_factory=list)
+
+
+class Defaults(_Strict):
+    approvals: Quorum | None = None
+    timeout: Duration | None = None
+
+
+class PolicyFile(_Strict):
+    defaults: Defaults = Field(default_factory=Defaults)
+    allow: list[str] = Field(default_factory=list)
+    tools: dict[str, ToolSpec] = Field(default_factory=dict)
+
+
+class PolicyFileError(ValueError):
+    """What is wrong with the file, where: `<file>, line <n>: <problem>`."""
+
+
+def load(path: Path) -> PolicyFile:
+    """Read, parse and check the file, compiling every CEL expression once."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PolicyFileError(f"{path}: cannot be read ({exc.strerror})") from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else "?"
+        raise PolicyFileError(f"{path}, line {line}: not valid YAML ({exc.problem})") from None
+    try:
+        policy = PolicyFile.model_validate(data or {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = _line(root, first["loc"])
+        field = ".".join(str(p) for p in first["loc"]) or "the file"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise PolicyFileError(f"{path}, line {where}: {field}: {message}") from None
+    _not_yet(path, root, policy)
+    for tool, spec in policy.tools.items():
+        for i, rule in enumerate(spec.rules):
+            try:
+                cel.compile(rule.when)
+            except ValueError as exc:
+                where = _line(root, ("tools", tool, "rules", i, "when"))
+                problem = str(exc).splitlines()[0]
+                raise PolicyFileError(
+                    f"{path}, line {where}: the rule's `when` does not compile: {problem}"
+                ) from None
+    return policy
+
+
+def _not_yet(path: Path, root: yaml.Node | None, policy: PolicyFile) -> None:
+    """What the file may say but Greenlight does not do yet is refused, not ignored."""
+    places: list[tuple[Any, ...]] = []
+    if (policy.defaults.approvals or 1) > 1:
+        places.append(("defaults", "approvals"))
+    for tool, spec in policy.tools.items():
+        if (spec.approvals or 1) > 1:
+            places.append(("tools", tool, "approvals"))
+        places += [("tools", tool, k) for k in ("remind_after", "escalate_after", "escalate_to",
+            "escalate_approvers") if getattr(spec, k) is not None]  # fmt: skip
+        places += [
+            ("tools", tool, "rules", i, "approvals")
+            for i, rule in enumerate(spec.rules)
+            if (rule.approvals or 1) > 1
+        ]
+    if places:
+        where = _line(root, places[0])
+        field = ".".join(str(p) for p in places[0])
+        raise PolicyFileError(f"{path}, line {where}: {field}: not supported yet")
+
+
+def check_tools(path: Path, policy: PolicyFile, known: Collection[str]) -> None:
+    """Every tool the file names must be one the agent has."""
+    text = path.read_text()
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    for i, tool in enumerate(policy.allow):
+        if tool not in known:
+            where = _line(root, ("allow", i))
+            raise PolicyFileError(f"{path}, line {where}: allow: no tool {tool!r}; {_known(known)}")
+    for tool in policy.tools:
+        if tool not in known:
+            where = _line(root, ("tools", tool), key=True)
+            raise PolicyFileError(f"{path}, line {where}: tools: no tool {tool!r}; {_known(known)}")
+
+
+def _known(known: Collection[str]) -> str:
+    return "the agent's tools are " + ", ".join(sorted(known))
+
+
+def _line(node: yaml.Node | None, loc: Sequence[Any], *, key: bool = False) -> int | str:
+    """The line of the YAML node at `loc` (a pydantic error location), or of the deepest
+    node on the way there; `key`: the line of the mapping key itself."""
+    found = node
+    for part in loc:
+        if isinstance(found, yaml.MappingNode):
+            pair = next((kv for kv in found.value if kv[0].value == str(part)), None)
+            if pair is None:
+                break
+            found = pair[0] if key and part == loc[-1] else pair[1]
+        elif isinstance(found, yaml.SequenceNode) and isinstance(part, int):
+            if part >= len(found.value):
+                break
+            found = found.value[part]
+        else:
+            break
+    return found.start_mark.line + 1 if found is not None else "?"
