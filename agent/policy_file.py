@@ -132,18 +132,9 @@ def load(path: Path) -> PolicyFile:
 def _not_yet(path: Path, root: yaml.Node | None, policy: PolicyFile) -> None:
     """What the file may say but Greenlight does not do yet is refused, not ignored."""
     places: list[tuple[Any, ...]] = []
-    if (policy.defaults.approvals or 1) > 1:
-        places.append(("defaults", "approvals"))
     for tool, spec in policy.tools.items():
-        if (spec.approvals or 1) > 1:
-            places.append(("tools", tool, "approvals"))
         places += [("tools", tool, k) for k in ("remind_after", "escalate_after", "escalate_to",
             "escalate_approvers") if getattr(spec, k) is not None]  # fmt: skip
-        places += [
-            ("tools", tool, "rules", i, "approvals")
-            for i, rule in enumerate(spec.rules)
-            if (rule.approvals or 1) > 1
-        ]
     if places:
         where = _line(root, places[0])
         field = ".".join(str(p) for p in places[0])

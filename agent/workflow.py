@@ -40,8 +40,10 @@ from storage.lifecycle import (
     NotStarted as NotStarted,
     PausedTurn,
     Request as Request,
+    Requirement,
     Started as Started,
     Thread as Thread,
+    Vote as Vote,
 )
 from storage.session_store import current_team
 
@@ -102,7 +104,7 @@ class Decided:
         return self.approval.turn_id
 
 
-RefusalReason = Refusal | Literal["not_found", "already_decided"]
+RefusalReason = Refusal | Literal["not_found", "already_decided", "already_voted"]
 
 
 class DecisionRefused(Exception):
@@ -281,10 +283,14 @@ class Workflow:
         decision = Approved(approver, now, reason) if approve else Denied(approver, now, reason)
         try:
             decided, others_pending = await self._store.decide(approval, decision)
-        except IllegalTransition as refused:  # someone else decided first, or time ran out
+        except IllegalTransition as refused:  # decided first by someone, or time ran out
             current = await self._expire_if_overdue(refused.current or approval)
+            if Requirement.NEW_VOTER in refused.unmet and current.decision is None:
+                raise DecisionRefused("already_voted", current) from None
             raise DecisionRefused("already_decided", current) from None
-        return Decided(decided, turn_ready=others_pending == 0)
+        # A vote towards a quorum leaves the approval pending: nothing to resume yet.
+        ready = decided.decision is not None and others_pending == 0
+        return Decided(decided, turn_ready=ready)
 
     async def _expire_if_overdue(self, approval: Approval) -> Approval:
         """A pending approval past its deadline is expired, whoever touches it first (a click,
@@ -411,6 +417,7 @@ class Workflow:
                 expires_at=now + policy.timeout,
                 participants=scope.participants,
                 preview=preview if isinstance(preview, str) else None,
+                approvals_needed=policy.approvals,
             )
             card = Card(policy.channel) if policy.channel else None
             approvals.append(Approval(self._new_id(), turn.id, thread, request, card=card))

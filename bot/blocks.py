@@ -257,11 +257,19 @@ def _full_input(data: Mapping[str, Any]) -> Block:
     return _section(head + _clip(body, budget - len(note)) + tail + note)
 
 
+def quorum_text(a: Approval) -> str:
+    """How far a request that needs several approvers got: '1 of 2 approvals: @alice'."""
+    needed = a.request.approvals_needed
+    who = ", ".join(mention(v.by) for v in a.votes) or "none yet"
+    return f"*{len(a.votes)} of {needed} approvals:* {who}"
+
+
 def decision_text(a: Approval) -> str:
     """The card's closing line once the request is no longer pending."""
     match a.decision:
         case Approved(by=by, at=at):
-            line = f"✅ Approved by {mention(by)} at {date(at)}"
+            voters = [v.by for v in a.votes] or [by]
+            line = f"✅ Approved by {' and '.join(mention(v) for v in voters)} at {date(at)}"
             if isinstance(a.execution, Finished):
                 line += "\nRan."
             elif isinstance(a.execution, Started):
@@ -302,6 +310,8 @@ def approval_card(
         blocks.append(_full_input(r.input))
         show = _button("Show full request", "show_request", a.id)
         blocks.append({"type": "actions", "block_id": "request", "elements": [show]})
+    if r.approvals_needed > 1:
+        blocks.append(_section(quorum_text(a)))
     if r.preview:
         blocks.append(_section(f"*Preview:* {_fit(r.preview, 1000)[0]}"))
     elif r.preview == "":
@@ -420,6 +430,9 @@ def refusal_text(reason: str, a: Approval | None) -> str:
     """Ephemeral answer to a click that changed nothing."""
     if reason == "self_approval":
         return "You asked for this, so someone else has to approve it."
+    if reason == "already_voted" and a is not None:
+        needed = a.request.approvals_needed
+        return f"You've already approved this; it needs {needed} approvals from different people."
     if reason == "participant":
         return (
             "You took part in the conversation that led to this request, so someone else "

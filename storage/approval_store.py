@@ -45,6 +45,7 @@ from storage.lifecycle import (
     START_EXECUTION,
     STATES,
     TRANSITIONS,
+    VOTE,
     Approval,
     ApprovalState,
     Approved,
@@ -67,12 +68,21 @@ from storage.lifecycle import (
     Subject,
     Thread,
     Transition,
+    Vote,
 )
-from storage.models import ApprovalRow, ConversationRow, PolicyRow, SeenEventRow, TurnRow
+from storage.models import (
+    ApprovalRow,
+    ConversationRow,
+    PolicyRow,
+    SeenEventRow,
+    TurnRow,
+    VoteRow,
+)
 from storage.policies import POLICY_FIELDS, StoredPolicy, stored_policy
 
-A, T, C, S = (
-    cast(sa.Table, m.__table__) for m in (ApprovalRow, TurnRow, ConversationRow, SeenEventRow)
+A, T, C, S, V = (
+    cast(sa.Table, m.__table__)
+    for m in (ApprovalRow, TurnRow, ConversationRow, SeenEventRow, VoteRow)
 )
 _sibling = A.alias("sibling")
 _now = sa.bindparam("now", type_=A.c.expires_at.type)
@@ -91,6 +101,11 @@ REQUIREMENTS: Mapping[Requirement, sa.ColumnElement[bool]] = {
     ),
     Requirement.LEASE_RAN_OUT: T.c.lease_until < _now,
     Requirement.OWN_CLAIM: T.c.attempts == sa.bindparam("attempt"),
+    Requirement.NEW_VOTER: ~sa.exists().where(
+        V.c.approval_id == A.c.id, V.c.voter == sa.bindparam("by")
+    ),
+    Requirement.QUORUM_MET: A.c.votes + 1 >= A.c.approvals_needed,
+    Requirement.QUORUM_SHORT: A.c.votes + 1 < A.c.approvals_needed,
     Requirement.STILL_PENDING: A.c.status == ApprovalState.PENDING,
     Requirement.POST_RAN_OUT: A.c.card_attempted_at < sa.bindparam("card_stale"),
 }
@@ -254,27 +269,52 @@ class NewRow:
 NOTE = NewRow(audit.TABLE, "audit_")  # a transition's audit row
 
 # Approvals: each change with its audit row.
-DECIDE = {
-    t: Atomic(
-        _write(
-            t,
-            decided_by=sa.bindparam("by"),
-            decided_at=_now,
-            reason=sa.bindparam("because"),
-        ).returning(
-            sa.select(sa.func.count())
-            .where(
-                _sibling.c.turn_id == A.c.turn_id,
-                _sibling.c.id != A.c.id,  # PostgreSQL's RETURNING sees the statement's start
-                _sibling.c.status == ApprovalState.PENDING,
-            )
-            .scalar_subquery()
-            .label("others_pending")
-        ),
-        NOTE,
+_OTHERS_PENDING = (
+    sa.select(sa.func.count())
+    .where(
+        _sibling.c.turn_id == A.c.turn_id,
+        _sibling.c.id != A.c.id,  # PostgreSQL's RETURNING sees the statement's start
+        _sibling.c.status == ApprovalState.PENDING,
     )
-    for t in (APPROVE, DENY)
-}
+    .scalar_subquery()
+    .label("others_pending")
+)
+_completes = guard(APPROVE)  # read off the row as it was: this vote completes the quorum
+
+
+def _if_complete(value: Any) -> sa.Case[Any]:
+    return sa.case((_completes, value), else_=sa.null())
+
+
+# An Approve: VOTE or APPROVE, whichever the row allows, in one write with the vote's row.
+APPROVING = Atomic(
+    sa.update(A)
+    .where(A.c.id == _ROW_ID, _TEAM, sa.or_(guard(VOTE), guard(APPROVE)))
+    .values(
+        status=sa.case(
+            (_completes, sa.literal(APPROVE.enters, A.c.status.type)),
+            else_=sa.literal(VOTE.enters, A.c.status.type),
+        ),
+        votes=A.c.votes + 1,
+        decided_by=_if_complete(sa.bindparam("by")),
+        decided_at=_if_complete(_now),
+        reason=_if_complete(sa.bindparam("because")),
+    )
+    .returning(A, _OTHERS_PENDING),
+    NewRow(V, "vote_"),
+    NOTE,
+)
+DENYING = Atomic(
+    _write(
+        DENY, decided_by=sa.bindparam("by"), decided_at=_now, reason=sa.bindparam("because")
+    ).returning(_OTHERS_PENDING),
+    NOTE,
+)
+VOTES = (
+    sa.select(V.c.approval_id, V.c.voter, V.c.at)
+    .where(V.c.approval_id.in_(sa.bindparam("ids", expanding=True)))
+    .order_by(V.c.at, V.c.voter)
+)
 EXPIRE_ONE = Atomic(_write(EXPIRE, decided_at=_now), NOTE)
 START = Atomic(_write(START_EXECUTION), NOTE)
 FINISH = Atomic(_write(FINISH_EXECUTION, output=sa.bindparam("result")), NOTE)
@@ -492,7 +532,7 @@ class ApprovalStore:
         release = {"conversation": claim.conversation_id, "snapshot": snapshot_id}
         if not (rows := await END[transition].run(self._sessions, values | release)):
             raise await self._turn_refusal(transition, values)
-        return _located(rows)
+        return await self._with_votes(_located(rows))
 
     async def complete_and_pause(
         self, claim: Claim, *, now: datetime, turn: PausedTurn, approvals: Sequence[Approval]
@@ -502,7 +542,7 @@ class ApprovalStore:
         values = _claimed(claim) | {"now": now} | pause_params(turn, approvals)
         if not (rows := await paused_turn(len(approvals), COMPLETE).run(self._sessions, values)):
             raise await self._turn_refusal(COMPLETE, values)
-        return _located(rows)
+        return await self._with_votes(_located(rows))
 
     async def _turn_refusal(
         self, transition: Transition, values: dict[str, Any]
@@ -525,14 +565,46 @@ class ApprovalStore:
     # -- approvals -----------------------------------------------------------------------
 
     async def decide(self, approval: Approval, decision: Approved | Denied) -> tuple[Approval, int]:
-        """APPROVE or DENY, audited; the approval as decided, and how many of its turn's
-        approvals still wait. IllegalTransition (with the current approval) when it was
-        decided already or its deadline passed."""
-        transition = APPROVE if isinstance(decision, Approved) else DENY
+        """An Approve (VOTE, or APPROVE once it completes the quorum) or DENY, audited; the
+        approval as it is now, and how many of its turn's approvals still wait.
+        IllegalTransition (with the current approval) when it was decided already, its
+        deadline passed, or this person approved it before."""
         decided = replace(approval, decision=decision)
         params = {"by": decision.by, "because": decision.reason, "now": decision.at}
-        row = await self._change(DECIDE[transition], transition, decided, decision.at, params)
-        return _approval(row._mapping, approval.thread), int(row.others_pending)
+        if isinstance(decision, Denied):
+            row = await self._change(DENYING, DENY, decided, decision.at, params)
+            return _approval(row._mapping, approval.thread), int(row.others_pending)
+        vote = NewRow(V, "vote_").params(
+            {"approval_id": approval.id, "voter": decision.by, "at": decision.at}
+        )
+        try:
+            row = await self._change(APPROVING, APPROVE, decided, decision.at, params | vote)
+        except IntegrityError:  # the same person's second vote, racing the first
+            current = await self.get(approval.thread.team_id, approval.id)
+            state = current.state if current else None
+            raise IllegalTransition(
+                VOTE, state, (Requirement.NEW_VOTER,), current=current
+            ) from None
+        except IllegalTransition as refused:
+            if refused.unmet != (Requirement.QUORUM_MET,):
+                raise
+            async with autocommit(self._sessions) as db:  # it was a VOTE that did not take
+                values = _key(approval) | params
+                raise await _refusal(db, VOTE, _EXPLAIN_APPROVAL, values) from None
+        [now] = await self._with_votes([_approval(row._mapping, approval.thread)])
+        return now, int(row.others_pending)
+
+    async def _with_votes(self, approvals: Sequence[Approval]) -> tuple[Approval, ...]:
+        """`approvals` with who approved each so far, for those that need several."""
+        ids = [a.id for a in approvals if a.request.approvals_needed > 1]
+        if not ids:
+            return tuple(approvals)
+        async with autocommit(self._sessions) as db:
+            rows = (await db.execute(VOTES, {"ids": ids})).all()
+        votes: dict[str, list[Vote]] = {}
+        for row in rows:
+            votes.setdefault(row.approval_id, []).append(Vote(row.voter, row.at))
+        return tuple(replace(a, votes=tuple(votes.get(a.id, ()))) for a in approvals)
 
     async def expire(self, approval: Approval, *, now: datetime) -> Approval:
         """EXPIRE a pending approval past its deadline, audited."""
@@ -607,7 +679,7 @@ class ApprovalStore:
     async def get(self, team_id: str, approval_id: str) -> Approval | None:
         async with autocommit(self._sessions) as db:
             found = _located(await db.execute(GET, {"team": team_id, "row_id": approval_id}))
-        return found[0] if found else None
+        return (await self._with_votes(found))[0] if found else None
 
     async def pending(self, team_id: str) -> tuple[Approval, ...]:
         async with autocommit(self._sessions) as db:
@@ -755,6 +827,7 @@ def _approval(row: Mapping[Any, Any], thread: Thread) -> Approval:
         expires_at=row["expires_at"],
         participants=tuple(row["participants"]),
         preview=row["preview"],
+        approvals_needed=row["approvals_needed"],
     )
     channel = row["card_channel"]
     card = None if channel is None else Card(channel, row["card_ts"], CardState(row["card_state"]))
@@ -819,4 +892,6 @@ def _columns(approval: Approval) -> dict[str, Any]:
         # Recorded before the post: whoever paused the turn posts it now (else a sweep will).
         "card_state": CardState.POSTING if approval.card else CardState.FAILED,
         "card_attempted_at": r.requested_at,
+        "approvals_needed": r.approvals_needed,
+        "votes": 0,
     }

@@ -16,6 +16,9 @@ Why an approved call runs at most once
     1. A decision leaves only `pending`, as one conditional write: of two clicks (or a
        click and Slack's retry, or two replicas) exactly one finds the row pending. A
        decision after the deadline changes nothing; EXPIRE takes the approval instead.
+       A request that needs several approvers counts their VOTEs in the same write: the
+       one that completes the quorum APPROVEs, once; nobody approves twice; one DENY ends
+       it.
     2. A turn is resumed only by whoever CLAIMs it, and only once no approval of it is
        pending: one resume answers every interrupt (Genkit fails a partial one after
        running the approved tools in it). A claim holds a lease; a process that dies
@@ -101,6 +104,9 @@ class Requirement(enum.StrEnum):
     ALL_DECIDED = "no approval of the turn is pending"
     LEASE_RAN_OUT = "the resume's lease has run out"
     OWN_CLAIM = "nobody has claimed the turn since the caller did"
+    NEW_VOTER = "the approver has not approved this request already"
+    QUORUM_MET = "this approval completes the approvals needed"
+    QUORUM_SHORT = "more approvals are needed after this one"
     STILL_PENDING = "the approval is still pending"
     POST_RAN_OUT = "the last attempt to post the card is older than its grace"
 
@@ -155,12 +161,22 @@ REQUEST = Transition(
     A.PENDING,
     audit=Audit("requested", "requester", ("input", "why")),
 )
+# An Approve is one of two transitions, whichever applies, in one write: VOTE while more
+# approvals are needed (a quorum), APPROVE for the one that completes it.
+VOTE = Transition(
+    "vote",
+    Subject.APPROVAL,
+    {A.PENDING: ()},
+    A.PENDING,
+    requires=(R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_SHORT),
+    audit=Audit("approved", "decider", ("input", "reason")),
+)
 APPROVE = Transition(
     "approve",
     Subject.APPROVAL,
     {A.PENDING: ()},
     A.APPROVED,
-    requires=(R.BEFORE_DEADLINE,),
+    requires=(R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_MET),
     audit=Audit("approved", "decider", ("input", "reason")),
 )
 DENY = Transition(
@@ -223,6 +239,7 @@ GIVE_UP = Transition("give up", Subject.TURN, {T.RESUMING: ()}, T.FAILED, requir
 TRANSITIONS = (
     PAUSE,
     REQUEST,
+    VOTE,
     APPROVE,
     DENY,
     EXPIRE,
@@ -259,6 +276,14 @@ class Thread:
 
 
 @dataclass(frozen=True)
+class Vote:
+    """One person's approval of a request that needs several."""
+
+    by: str
+    at: datetime
+
+
+@dataclass(frozen=True)
 class Request:
     """What the agent asked to run, for whom, why, and until when a human may decide."""
 
@@ -274,6 +299,7 @@ class Request:
     # What the tool's own preview said the call would do; "" when it failed or took too
     # long, None when the tool has none.
     preview: str | None = None
+    approvals_needed: int = 1  # distinct approvers (a quorum)
 
 
 @dataclass(frozen=True)
@@ -337,6 +363,7 @@ class Approval:
     decision: Decision | None = None
     execution: Execution = field(default_factory=NotStarted)
     card: Card | None = None
+    votes: tuple[Vote, ...] = ()  # of a quorum: who approved so far, in order
 
     @property
     def state(self) -> ApprovalState:

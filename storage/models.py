@@ -150,8 +150,20 @@ class ApprovalRow(Base):
     card_ts: Mapped[str | None] = mapped_column(String(32))
     card_state: Mapped[CardState] = mapped_column(_enum(CardState), server_default="posting")
     card_attempted_at: Mapped[datetime | None]
+    approvals_needed: Mapped[int] = mapped_column(Integer, server_default="1")  # a quorum
+    votes: Mapped[int] = mapped_column(Integer, server_default="0")  # approvals so far
 
     __table_args__ = (Index("ix_approvals_status_expiry", "status", "expires_at"),)
+
+
+class VoteRow(Base):
+    """One person's approval of a request that needs several (a quorum)."""
+
+    __tablename__ = "approval_votes"
+
+    approval_id: Mapped[str] = mapped_column(ForeignKey("approvals.id"), primary_key=True)
+    voter: Mapped[str] = mapped_column(String(32), primary_key=True)
+    at: Mapped[datetime]
 
 
 class PolicyRow(Base):

@@ -188,6 +188,8 @@ async def test_approval_transitions_take_exactly_when_the_table_allows(
             Requirement.PAST_DEADLINE: expires_at <= NOW,
             Requirement.APPROVED: status == ApprovalState.APPROVED,
             Requirement.SAME_CALL: True,
+            Requirement.NEW_VOTER: True,
+            Requirement.QUORUM_MET: True,  # one approver needed, none so far
         }
         state = execution if transition.subject == Subject.EXECUTION else status
         enters = expected(transition, state, holds)
@@ -391,3 +393,64 @@ async def test_card_transitions_take_exactly_when_the_table_allows(
             assert after.card_attempted_at == NOW, case
         if transition is CARD_POSTED:
             assert after.card_ts == "1.5", case
+
+
+async def quorum(db: Db, needed: int) -> Approval:
+    approval, _ = await db.seed()
+    async with db.sessions.begin() as s:
+        (await s.get_one(ApprovalRow, approval.id)).approvals_needed = needed
+    found = await db.store.get(db.team, approval.id)
+    assert found is not None and found.request.approvals_needed == needed
+    return found
+
+
+async def test_a_quorum_needs_distinct_approvers_and_completes_once(db: Db) -> None:
+    approval = await quorum(db, 2)
+    first, _ = await db.store.decide(approval, Approved("UA", NOW))
+    assert first.decision is None and [v.by for v in first.votes] == ["UA"]
+    with pytest.raises(IllegalTransition) as again:
+        await db.store.decide(approval, Approved("UA", NOW))
+    assert Requirement.NEW_VOTER in again.value.unmet
+    second, others = await db.store.decide(approval, Approved("UB", NOW, "ok"))
+    assert isinstance(second.decision, Approved) and second.decision.by == "UB"
+    assert [v.by for v in second.votes] == ["UA", "UB"] and others == 0
+    with pytest.raises(IllegalTransition) as late:
+        await db.store.decide(approval, Approved("UC", NOW))
+    assert late.value.state == ApprovalState.APPROVED
+    assert [e.action for e in await db.store.audit_trail(db.team)] == ["approved", "approved"]
+
+
+async def test_a_deny_ends_a_quorum_after_votes(db: Db) -> None:
+    approval = await quorum(db, 3)
+    await db.store.decide(approval, Approved("UA", NOW))
+    denied, _ = await db.store.decide(approval, Denied("UB", NOW, "no"))
+    assert isinstance(denied.decision, Denied) and denied.decision.reason == "no"
+    with pytest.raises(IllegalTransition):
+        await db.store.decide(approval, Approved("UC", NOW))
+
+
+async def test_twenty_people_approving_at_once_complete_a_quorum_of_two_once(db: Db) -> None:
+    approval = await quorum(db, 2)
+
+    async def click(i: int) -> str:
+        try:
+            now, _ = await db.store.decide(approval, Approved(f"U{i:02d}", NOW))
+        except IllegalTransition:
+            return "refused"
+        return "approved" if now.decision is not None else "vote"
+
+    results = await asyncio.gather(*(click(i) for i in range(20)))
+    assert sorted(results) == sorted(["approved", "vote"] + ["refused"] * 18)
+    final = await db.store.get(db.team, approval.id)
+    assert final is not None and len(final.votes) == 2 and isinstance(final.decision, Approved)
+
+
+async def test_one_person_racing_themselves_votes_once(db: Db) -> None:
+    approval = await quorum(db, 2)
+    results = await asyncio.gather(
+        *(db.store.decide(approval, Approved("UA", NOW)) for _ in range(5)), return_exceptions=True
+    )
+    assert sum(not isinstance(r, BaseException) for r in results) == 1
+    assert all(isinstance(r, IllegalTransition) for r in results if isinstance(r, BaseException))
+    final = await db.store.get(db.team, approval.id)
+    assert final is not None and [v.by for v in final.votes] == ["UA"] and final.decision is None

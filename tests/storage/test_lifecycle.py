@@ -24,6 +24,7 @@ from storage.lifecycle import (
     START_EXECUTION,
     STATES,
     TRANSITIONS,
+    VOTE,
     Approval,
     ApprovalState,
     Approved,
@@ -50,7 +51,8 @@ NOW = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)
 ALLOWED: dict[tuple[Transition, State | None], tuple[State, set[Requirement]]] = {
     (PAUSE, None): (T.WAITING, set()),
     (REQUEST, None): (A.PENDING, set()),
-    (APPROVE, A.PENDING): (A.APPROVED, {R.BEFORE_DEADLINE}),
+    (VOTE, A.PENDING): (A.PENDING, {R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_SHORT}),
+    (APPROVE, A.PENDING): (A.APPROVED, {R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_MET}),
     (DENY, A.PENDING): (A.DENIED, {R.BEFORE_DEADLINE}),
     (EXPIRE, A.PENDING): (A.EXPIRED, {R.PAST_DEADLINE}),
     (START_EXECUTION, E.NOT_STARTED): (E.STARTED, {R.APPROVED, R.SAME_CALL}),
@@ -109,6 +111,7 @@ def test_audited_transitions_name_fields_an_approval_has() -> None:
     audited = {t.name: t.audit for t in TRANSITIONS if t.audit is not None}
     assert {name: spec.action for name, spec in audited.items()} == {
         "request": "requested",
+        "vote": "approved",
         "approve": "approved",
         "deny": "denied",
         "expire": "expired",
