@@ -1,10 +1,11 @@
 """`python -m bench`: every benchmark, one combined summary, bench/results.json.
 
-    python -m bench [--only store|bot] [--quick] [--database-url URL]
+    python -m bench [--only store|bot|policy] [--quick] [--database-url URL]
 
 - store: bench/session_store.py (bytes and time per save as a conversation grows);
 - bot: bench/bot.py (latency, throughput, acks under a burst, contention; against a bare
-  Bolt + Genkit baseline).
+  Bolt + Genkit baseline);
+- policy: bench/policy.py (the cost of 20 CEL rules per tool call).
 
 Each prints its own table and writes its own JSON (bench/results-*.json) as well. Without
 --database-url each creates a temporary PostgreSQL database on 127.0.0.1:5432 and drops it.
@@ -42,6 +43,14 @@ def summary(results: dict[str, Any]) -> str:
             lines.append(f"  target {name:<45}{'met' if met else 'MISSED':>12}")
     elif store is not None:
         lines.append(f"session store: {store}")
+    policy = results.get("policy")
+    if isinstance(policy, dict):
+        verdict = "met" if policy["met"] else "MISSED"
+        lines.append("policy")
+        lines.append(
+            f"  target {'evaluation_20_rules_lt_0.2ms':<45}{verdict:>12}  "
+            f"({_fmt(policy['ms_per_call'])} ms vs {policy['target_ms']})"
+        )
     bot = results.get("bot")
     if isinstance(bot, dict):
         lines.append("bot")
@@ -65,6 +74,11 @@ async def run(only: str | None, quick: bool, database_url: str | None) -> dict[s
         else:
             print("== session store ==", file=sys.stderr, flush=True)
             results["session_store"] = await store.run(database_url)
+    if only in (None, "policy"):
+        from bench import policy
+
+        print("== policy ==", file=sys.stderr, flush=True)
+        results["policy"] = policy.run()
     if only in (None, "bot"):
         from bench import bot
 
@@ -78,7 +92,7 @@ async def run(only: str | None, quick: bool, database_url: str | None) -> dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("store", "bot"))
+    parser.add_argument("--only", choices=("store", "bot", "policy"))
     parser.add_argument("--quick", action="store_true", help="fewer rounds (bot benchmark)")
     parser.add_argument("--database-url", help="an existing PostgreSQL database to use")
     args = parser.parse_args()
