@@ -117,6 +117,11 @@ class Policy:
     approvals: int = 1  # distinct approvers needed
     rules: tuple[Rule, ...] = ()
     note: str | None = None  # which rule decided this call's policy, or could not
+    remind_after: timedelta | None = None
+    escalate_after: timedelta | None = None
+    escalate_to: str | None = None
+    escalate_users: tuple[str, ...] = ()  # empty: the escalation channel's members
+    escalate_groups: tuple[str, ...] = ()
 
     @property
     def names_approvers(self) -> bool:
@@ -182,6 +187,9 @@ class ApproverFacts:
     groups: frozenset[str] = field(default_factory=frozenset)
     in_channel: bool = False
     public_channel: bool = False
+    # The same for the escalation channel, once a request was escalated there.
+    in_escalation_channel: bool = False
+    public_escalation_channel: bool = False
 
 
 Refusal = Literal["self_approval", "participant", "not_an_approver", "public_channel"]
@@ -194,25 +202,57 @@ def refusal(
     participants: Collection[str] = (),
     approver: str,
     facts: ApproverFacts,
+    escalated: bool = False,
 ) -> Refusal | None:
     """Why `approver` may not decide (None when they may).
 
     Four eyes over the whole conversation: neither the requester nor anyone else whose
     message led to the call (`participants`) decides it. Then a policy that names approvers
     (users, user groups) is what decides; one that names nobody leaves it to the members of
-    the approver channel, which must be private: anyone can join a public channel.
+    the approver channel, which must be private: anyone can join a public channel. Once a
+    request is `escalated`, the escalation's approvers (or its private channel's members)
+    may decide too.
     """
     if approver == requester:
         return "self_approval"
     if approver in participants:
         return "participant"
-    if policy.names_approvers:
-        if approver in policy.approver_users or facts.groups & set(policy.approver_groups):
-            return None
-        return "not_an_approver"
-    if facts.public_channel:
+    why = _may_decide(
+        approver,
+        facts,
+        users=policy.approver_users,
+        groups=policy.approver_groups,
+        in_channel=facts.in_channel,
+        public=facts.public_channel,
+    )
+    if why is not None and escalated and policy.escalate_to is not None:
+        also = _may_decide(
+            approver,
+            facts,
+            users=policy.escalate_users,
+            groups=policy.escalate_groups,
+            in_channel=facts.in_escalation_channel,
+            public=facts.public_escalation_channel,
+        )
+        return None if also is None else why
+    return why
+
+
+def _may_decide(
+    approver: str,
+    facts: ApproverFacts,
+    *,
+    users: tuple[str, ...],
+    groups: tuple[str, ...],
+    in_channel: bool,
+    public: bool,
+) -> Refusal | None:
+    """Named approvers decide; if none are named, the members of a private channel."""
+    if users or groups:
+        return None if approver in users or facts.groups & set(groups) else "not_an_approver"
+    if public:
         return "public_channel"
-    return None if facts.in_channel else "not_an_approver"
+    return None if in_channel else "not_an_approver"
 
 
 def _effective(tool: str, stored: StoredPolicy | None, defaults: PolicyDefaults) -> Policy:
@@ -225,6 +265,7 @@ def _effective(tool: str, stored: StoredPolicy | None, defaults: PolicyDefaults)
             approvals=defaults.approvals,
         )
     timeout = stored.timeout_seconds
+    escalate_users, escalate_groups = split_principals(stored.escalate_approvers)
     return Policy(
         tool=tool,
         allowed=stored.allowed,
@@ -234,7 +275,16 @@ def _effective(tool: str, stored: StoredPolicy | None, defaults: PolicyDefaults)
         timeout=timedelta(seconds=timeout) if timeout else defaults.timeout,
         approvals=stored.approvals or defaults.approvals,
         rules=tuple(Rule.from_stored(r) for r in stored.rules),
+        remind_after=_delta(stored.remind_after_seconds),
+        escalate_after=_delta(stored.escalate_after_seconds),
+        escalate_to=stored.escalate_to,
+        escalate_users=escalate_users,
+        escalate_groups=escalate_groups,
     )
+
+
+def _delta(seconds: int | None) -> timedelta | None:
+    return None if seconds is None else timedelta(seconds=seconds)
 
 
 class PolicyService:

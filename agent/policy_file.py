@@ -115,7 +115,6 @@ def load(path: Path) -> PolicyFile:
         field = ".".join(str(p) for p in first["loc"]) or "the file"
         message = str(first["msg"]).removeprefix("Value error, ")
         raise PolicyFileError(f"{path}, line {where}: {field}: {message}") from None
-    _not_yet(path, root, policy)
     for tool, spec in policy.tools.items():
         for i, rule in enumerate(spec.rules):
             try:
@@ -129,16 +128,19 @@ def load(path: Path) -> PolicyFile:
     return policy
 
 
-def _not_yet(path: Path, root: yaml.Node | None, policy: PolicyFile) -> None:
-    """What the file may say but Greenlight does not do yet is refused, not ignored."""
-    places: list[tuple[Any, ...]] = []
+def member_channels(policy: PolicyFile) -> dict[str, str]:
+    """The channels the file makes approver groups (their members decide: the tool, rule or
+    escalation names no approvers), each with where the file names it."""
+    found: dict[str, str] = {}
     for tool, spec in policy.tools.items():
-        places += [("tools", tool, k) for k in ("remind_after", "escalate_after", "escalate_to",
-            "escalate_approvers") if getattr(spec, k) is not None]  # fmt: skip
-    if places:
-        where = _line(root, places[0])
-        field = ".".join(str(p) for p in places[0])
-        raise PolicyFileError(f"{path}, line {where}: {field}: not supported yet")
+        if spec.channel and not spec.approvers:
+            found.setdefault(spec.channel, f"POLICY_FILE tools.{tool}.channel")
+        for i, rule in enumerate(spec.rules):
+            if rule.channel and not (rule.approvers or spec.approvers):
+                found.setdefault(rule.channel, f"POLICY_FILE tools.{tool}.rules[{i}].channel")
+        if spec.escalate_to and not spec.escalate_approvers:
+            found.setdefault(spec.escalate_to, f"POLICY_FILE tools.{tool}.escalate_to")
+    return found
 
 
 def check_tools(path: Path, policy: PolicyFile, known: Collection[str]) -> None:

@@ -27,6 +27,8 @@ from storage.approval_store import ApprovalStore
 # The approval values the transport renders: the lifecycle's own, re-exported so that the
 # transport depends on agent/ only.
 from storage.lifecycle import (
+    ESCALATE,
+    REMIND,
     Approval as Approval,
     Approved as Approved,
     AuditEntry as AuditEntry,
@@ -34,15 +36,19 @@ from storage.lifecycle import (
     CardState as CardState,
     Claim,
     Denied as Denied,
+    EscalationState,
     Expired as Expired,
     Finished as Finished,
+    FollowUp,
     IllegalTransition,
     NotStarted as NotStarted,
     PausedTurn,
+    ReminderState,
     Request as Request,
     Requirement,
     Started as Started,
     Thread as Thread,
+    Transition,
     Vote as Vote,
 )
 from storage.session_store import current_team
@@ -114,6 +120,21 @@ class DecisionRefused(Exception):
         super().__init__(reason)
         self.reason = reason
         self.approval = approval
+
+
+@dataclass(frozen=True)
+class Due:
+    """A follow-up this process now owes: the approval as it is, and its call's policy now
+    (whom a reminder names; who may decide once it is escalated)."""
+
+    approval: Approval
+    policy: Policy
+
+
+@dataclass(frozen=True)
+class FollowUps:
+    reminders: tuple[Due, ...] = ()
+    escalations: tuple[Due, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -260,6 +281,7 @@ class Workflow:
             participants=r.participants,
             approver=approver,
             facts=facts,
+            escalated=approval.escalated,
         )
         if why is not None:
             raise DecisionRefused(why, approval)
@@ -327,6 +349,27 @@ class Workflow:
         if team_id is None:
             await self._store.forget_events(before=now - EVENTS_KEPT)
         return SweepReport(tuple(expired), tuple(resumed), tuple(uncarded))
+
+    async def follow_ups(self, team_id: str | None = None) -> FollowUps:
+        """Reminders and escalations due now, each recorded as done (REMIND, ESCALATE)
+        before the transport does it: whichever replica gets there first does it, once."""
+        now = self._clock()
+        done: dict[Transition, list[Due]] = {REMIND: [], ESCALATE: []}
+        for transition, owed in done.items():
+            for approval in await self._store.due(transition, now=now, team_id=team_id):
+                try:
+                    taken = await self._store.follow_up(transition, approval, now=now)
+                except IllegalTransition:  # another replica did it, or it was decided
+                    continue
+                r = taken.request
+                policy = (await self._policies.get(taken.thread.team_id, r.tool)).for_call(
+                    r.input, r.requester
+                )
+                owed.append(Due(taken, policy))
+        return FollowUps(tuple(done[REMIND]), tuple(done[ESCALATE]))
+
+    async def escalation_posted(self, approval: Approval, *, ts: str) -> None:
+        await self._store.escalation_posted(approval, ts=ts)
 
     async def knows(self, thread: Thread) -> bool:
         """Whether this thread already is a conversation (so replies in it continue it)."""
@@ -420,7 +463,24 @@ class Workflow:
                 approvals_needed=policy.approvals,
             )
             card = Card(policy.channel) if policy.channel else None
-            approvals.append(Approval(self._new_id(), turn.id, thread, request, card=card))
+            reminder = escalation = None
+            if policy.remind_after is not None:
+                reminder = FollowUp(now + policy.remind_after, ReminderState.SCHEDULED)
+            if policy.escalate_after is not None and policy.escalate_to is not None:
+                escalation = FollowUp(
+                    now + policy.escalate_after, EscalationState.SCHEDULED, policy.escalate_to
+                )
+            approvals.append(
+                Approval(
+                    self._new_id(),
+                    turn.id,
+                    thread,
+                    request,
+                    card=card,
+                    reminder=reminder,
+                    escalation=escalation,
+                )
+            )
         return turn, tuple(approvals)
 
     async def _resume_failed(self, claim: Claim) -> Resumed | None:

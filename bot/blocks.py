@@ -312,6 +312,9 @@ def approval_card(
         blocks.append({"type": "actions", "block_id": "request", "elements": [show]})
     if r.approvals_needed > 1:
         blocks.append(_section(quorum_text(a)))
+    if pending and a.escalated and a.escalation is not None:
+        where = _channel(a.escalation.channel)
+        blocks.append(_context(f"⏫ Escalated to {where}: people there may decide too"))
     if r.preview:
         blocks.append(_section(f"*Preview:* {_fit(r.preview, 1000)[0]}"))
     elif r.preview == "":
@@ -384,6 +387,30 @@ def requester_note(
     done = "I'll continue here once they're decided."
     text = f"I need approval for {len(many)} actions:{lines}{more}"
     return _text_message(f"{text}\nI've asked in {where or _channel(None)} — {done}")
+
+
+def reminder_text(a: Approval, users: Sequence[str], groups: Sequence[str]) -> Message:
+    """In the card's thread: still waiting, naming whoever the policy names as approvers."""
+    named = [mention(u) for u in users] + [
+        f"<!subteam^{g}>" for g in groups if re.fullmatch(r"S[A-Z0-9]{1,30}", g)
+    ]
+    who = f"{' '.join(named)}: " if named else ""
+    return _text_message(
+        f"⏰ {who}{_code(a.request.tool)} for {mention(a.request.requester)} still waits for a "
+        f"decision (it expires {date(a.request.expires_at)})."
+    )
+
+
+def reminder_dm(a: Approval, card_link: str | None) -> Message:
+    """To each approver the policy names: a nudge, with the way to the card."""
+    link = _link(card_link, "the request")
+    where = (
+        f" See {link}." if link else f" It is in {_channel(a.card.channel if a.card else None)}."
+    )
+    return _text_message(
+        f"⏰ {_code(a.request.tool)} for {mention(a.request.requester)} is waiting for your "
+        f"decision.{where}"
+    )
 
 
 def card_failed_message(a: Approval) -> Message:

@@ -20,7 +20,9 @@ from agent.workflow import (
     Approval,
     AwaitingApproval,
     Busy,
+    Due,
     Failed,
+    FollowUps,
     Reply,
     Resumed,
     SweepReport,
@@ -103,18 +105,70 @@ class Delivery:
             approval = (
                 await self._workflow.approval(approval.thread.team_id, approval.id) or approval
             )
-        if approval.card is None or approval.card.ts is None:
+        places = [
+            (c.channel, c.ts)
+            for c in (approval.card, approval.escalation)
+            if c is not None and c.channel and c.ts
+        ]
+        if not places:
             return
         card = self._card(approval, await self._permalink(client, approval.thread))
+        for channel, ts in places:  # the card, and its copy in the escalation channel
+            try:
+                await client.chat_update(
+                    channel=channel,
+                    ts=ts,
+                    metadata=card_mark(approval),  # kept, so a sweep can still find the card
+                    **card,
+                )
+            except SlackApiError as exc:
+                log.error("could not update card %s: %s", approval.id, exc.response.get("error"))
+
+    async def follow_ups(self, client: AsyncWebClient, due: FollowUps) -> None:
+        """Do the reminders and escalations this process now owes (each recorded as done)."""
+        for reminder in due.reminders:
+            await self._remind(client, reminder)
+        for escalation in due.escalations:
+            await self._escalate(client, escalation)
+
+    async def _remind(self, client: AsyncWebClient, due: Due) -> None:
+        """In the card's thread, naming the explicit approvers (nobody, when the channel's
+        members decide), and a DM with a link to the card to each approver named."""
+        approval, policy = due.approval, due.policy
+        card = approval.card
+        if card is None or card.ts is None:
+            return  # never posted: the requester was told, and there is nothing to remind of
+        text = blocks.reminder_text(approval, policy.approver_users, policy.approver_groups)
+        await self.say(client, Thread("", card.channel, card.ts), text)
+        link = await self._permalink(client, Thread("", card.channel, card.ts))
+        for user in policy.approver_users:
+            note = blocks.reminder_dm(approval, link)
+            try:
+                await client.chat_postMessage(
+                    channel=user, unfurl_links=False, unfurl_media=False, **note
+                )
+            except SlackApiError as exc:
+                log.warning("could not remind %s: %s", user, exc.response.get("error"))
+
+    async def _escalate(self, client: AsyncWebClient, due: Due) -> None:
+        """The card, also in the escalation channel; both are redrawn on every change."""
+        approval, escalation = due.approval, due.approval.escalation
+        if escalation is None or escalation.channel is None:
+            return
+        link = await self._permalink(client, approval.thread)
         try:
-            await client.chat_update(
-                channel=approval.card.channel,
-                ts=approval.card.ts,
-                metadata=card_mark(approval),  # kept, so a sweep can still find the card
-                **card,
+            posted = await client.chat_postMessage(
+                channel=escalation.channel,
+                metadata=card_mark(approval),
+                unfurl_links=False,
+                unfurl_media=False,
+                **self._card(approval, link),
             )
         except SlackApiError as exc:
-            log.error("could not update card %s: %s", approval.id, exc.response.get("error"))
+            log.error("could not escalate %s: %s", approval.id, exc.response.get("error"))
+            return
+        await self._workflow.escalation_posted(approval, ts=str(posted["ts"]))
+        await self.refresh_card(client, approval)  # the first card says it was escalated
 
     async def say(
         self,

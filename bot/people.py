@@ -86,15 +86,25 @@ class People:
         *,
         clicked_in: str | None,
         card_channel: str | None,
+        escalation_channel: str | None = None,
     ) -> ApproverFacts:
         """Groups the policy names that `user` is in, whether they clicked on the card's own
-        channel, and (when the policy names nobody, so the channel's members decide) whether
-        that channel is public."""
-        groups = frozenset(
-            [g for g in policy.approver_groups if user in await self.group_members(client, g)]
-        )
+        channel (or, once escalated, the escalation channel's card), and whether such a
+        channel, whose members decide when the policy names nobody, is public."""
+        named = {*policy.approver_groups, *policy.escalate_groups}
+        groups = frozenset([g for g in named if user in await self.group_members(client, g)])
         in_channel = clicked_in is not None and clicked_in == card_channel
         public = False
         if not policy.names_approvers and card_channel is not None:
             public = not await self.is_private(client, card_channel)
-        return ApproverFacts(groups=groups, in_channel=in_channel, public_channel=public)
+        in_escalation = clicked_in is not None and clicked_in == escalation_channel
+        public_escalation = False
+        if escalation_channel and not (policy.escalate_users or policy.escalate_groups):
+            public_escalation = not await self.is_private(client, escalation_channel)
+        return ApproverFacts(
+            groups=groups,
+            in_channel=in_channel,
+            public_channel=public,
+            in_escalation_channel=in_escalation,
+            public_escalation_channel=public_escalation,
+        )

@@ -36,6 +36,7 @@ from storage.migrate import upgrade
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE = 25.0  # seconds for in-flight work before it is cut off
+FOLLOW_UP_INTERVAL = 5.0  # seconds between looks for due reminders and escalations
 SLACK_PATH = "/slack/events"
 
 
@@ -71,23 +72,26 @@ def signed_only(signing_secret: str) -> Middleware:
     return guard
 
 
-async def approver_channel_problems(client: AsyncWebClient, channel: str) -> list[str]:
-    """Why APPROVER_CHANNEL cannot be an approver group, if it cannot: its members decide
-    for every tool that names no approvers, so anyone able to join it could approve."""
+async def approver_channel_problems(
+    client: AsyncWebClient, channel: str, named: str = "APPROVER_CHANNEL"
+) -> list[str]:
+    """Why a channel whose members decide (APPROVER_CHANNEL, or one `named` in POLICY_FILE
+    for a tool that names no approvers) cannot be an approver group, if it cannot: anyone
+    able to join it could approve."""
     try:
         info = (await client.conversations_info(channel=channel))["channel"]
     except SlackApiError as exc:
         return [
-            f"APPROVER_CHANNEL {channel}: Slack answered {exc.response.get('error')!r} to "
+            f"{named} {channel}: Slack answered {exc.response.get('error')!r} to "
             "conversations.info. Check the channel ID, invite the bot to the channel, and "
             "reinstall the app with the manifest's scopes (channels:read, groups:read)"
         ]
     except aiohttp.ClientError as exc:
-        return [f"APPROVER_CHANNEL {channel}: could not reach Slack to check it ({exc!r})"]
+        return [f"{named} {channel}: could not reach Slack to check it ({exc!r})"]
     if not info.get("is_private"):
         return [
-            f"APPROVER_CHANNEL {channel} is a public channel: anyone in the workspace could "
-            "join it and approve. Use a private channel (or make this one private)"
+            f"{named} {channel} is a public channel: anyone in the workspace could join it "
+            "and approve. Use a private channel (or make this one private), or name approvers"
         ]
     return []
 
@@ -109,6 +113,7 @@ class Service:
         self._runner: web.AppRunner | None = None
         self._socket: AsyncSocketModeHandler | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._follower: asyncio.Task[None] | None = None
         self.deps: Deps | None = None
         self.app: AsyncApp | None = None
 
@@ -172,7 +177,13 @@ class Service:
             api_url=s.SLACK_API_URL,
         )
         assert s.APPROVER_CHANNEL is not None  # serving_problems() requires it
-        if problems := await approver_channel_problems(app.client, s.APPROVER_CHANNEL):
+        channels = {s.APPROVER_CHANNEL: "APPROVER_CHANNEL"}
+        if policy_file is not None:
+            channels |= policy_files.member_channels(policy_file)
+        problems = []
+        for channel, named in channels.items():
+            problems += await approver_channel_problems(app.client, channel, named)
+        if problems:
             raise ConfigError(problems)
         if policy_file is not None:  # the workspace this token serves gets the file's policy
             team = str((await app.client.auth_test())["team_id"])
@@ -192,14 +203,16 @@ class Service:
             self._socket = AsyncSocketModeHandler(app, s.SLACK_APP_TOKEN.get_secret_value())
             await self._socket.connect_async()  # type: ignore[no-untyped-call]
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="recovery sweep")
+        self._follower = asyncio.create_task(self._follow_up_forever(), name="follow-ups")
         log.info("Greenlight is up (%s)", "Socket Mode" if s.socket_mode else f"HTTP :{self.port}")
 
     async def stop(self) -> None:
         """Stop taking work, let in-flight turns finish, close connections."""
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        for loop in (self._sweeper, self._follower):
+            if loop is not None:
+                loop.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loop
         if self._socket is not None:
             await self._socket.close_async()  # type: ignore[no-untyped-call]
         if self._runner is not None:
@@ -241,6 +254,18 @@ class Service:
             except Exception:
                 log.exception("recovery sweep failed; trying again next interval")
             await asyncio.sleep(self.settings.RECOVERY_INTERVAL_SECONDS)
+
+    async def _follow_up_forever(self) -> None:
+        """Reminders and escalations, within FOLLOW_UP_INTERVAL of their time: each is
+        recorded as done by whichever replica gets there first, then done."""
+        assert self.deps is not None and self.app is not None
+        while True:
+            try:
+                due = await self.deps.workflow.follow_ups()
+                await self.deps.delivery.follow_ups(self.app.client, due)
+            except Exception:
+                log.exception("follow-ups failed; trying again shortly")
+            await asyncio.sleep(FOLLOW_UP_INTERVAL)
 
 
 def freeze_heap() -> None:

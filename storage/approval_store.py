@@ -34,11 +34,13 @@ from storage.lifecycle import (
     CLAIM,
     COMPLETE,
     DENY,
+    ESCALATE,
     EXPIRE,
     FINISH_EXECUTION,
     GIVE_UP,
     OPEN_TURN,
     PAUSE,
+    REMIND,
     RENEW,
     REQUEST,
     RETRY_CARD,
@@ -55,13 +57,16 @@ from storage.lifecycle import (
     Claim,
     Decision,
     Denied,
+    EscalationState,
     Execution,
     ExecutionState,
     Expired,
     Finished,
+    FollowUp,
     IllegalTransition,
     NotStarted,
     PausedTurn,
+    ReminderState,
     Request,
     Requirement,
     Started,
@@ -107,6 +112,8 @@ REQUIREMENTS: Mapping[Requirement, sa.ColumnElement[bool]] = {
     Requirement.QUORUM_MET: A.c.votes + 1 >= A.c.approvals_needed,
     Requirement.QUORUM_SHORT: A.c.votes + 1 < A.c.approvals_needed,
     Requirement.STILL_PENDING: A.c.status == ApprovalState.PENDING,
+    Requirement.REMINDER_DUE: A.c.remind_at <= _now,
+    Requirement.ESCALATION_DUE: A.c.escalate_at <= _now,
     Requirement.POST_RAN_OUT: A.c.card_attempted_at < sa.bindparam("card_stale"),
 }
 STATE_COLUMN = {
@@ -114,8 +121,10 @@ STATE_COLUMN = {
     Subject.EXECUTION: A.c.execution,
     Subject.TURN: T.c.state,
     Subject.CARD: A.c.card_state,
+    Subject.REMINDER: A.c.reminder,
+    Subject.ESCALATION: A.c.escalation,
 }
-_TABLE = {Subject.APPROVAL: A, Subject.EXECUTION: A, Subject.TURN: T, Subject.CARD: A}
+_TABLE = {subject: T if subject == Subject.TURN else A for subject in Subject}
 
 
 def guard(transition: Transition) -> sa.ColumnElement[bool]:
@@ -173,6 +182,7 @@ DECIDABLE = GET.add_columns(*(_P.c[f].label(f"policy_{f}") for f in POLICY_FIELD
 PENDING = _LOCATED.where(_TEAM, A.c.status == ApprovalState.PENDING)
 OVERDUE = _LOCATED.where(guard(EXPIRE))
 STALE_CARDS = _LOCATED.where(guard(RETRY_CARD))
+DUE = {t: _LOCATED.where(guard(t)) for t in (REMIND, ESCALATE)}
 _THREAD = sa.and_(
     C.c.team_id == sa.bindparam("team"),
     C.c.channel_id == sa.bindparam("channel"),
@@ -322,6 +332,11 @@ FINISH = Atomic(_write(FINISH_EXECUTION, output=sa.bindparam("result")), NOTE)
 POSTED = _write(CARD_POSTED, card_ts=sa.bindparam("ts"))
 FAILED = Atomic(_write(CARD_FAILED), NOTE)
 RETRY = _write(RETRY_CARD, card_attempted_at=_now)
+# Follow-ups, each with its audit row.
+FOLLOW_UP = {t: Atomic(_write(t), NOTE) for t in (REMIND, ESCALATE)}
+ESCALATION_POSTED = (
+    sa.update(A).where(A.c.id == _ROW_ID, _TEAM).values(escalation_ts=sa.bindparam("ts"))
+)
 
 
 # Turns.
@@ -691,6 +706,28 @@ class ApprovalStore:
         async with autocommit(self._sessions) as db:
             return _located(await db.execute(query, {"now": now}))
 
+    async def due(
+        self, transition: Transition, *, now: datetime, team_id: str | None = None
+    ) -> tuple[Approval, ...]:
+        """Pending approvals whose REMIND or ESCALATE is due now."""
+        query = DUE[transition]
+        if team_id is not None:
+            query = query.where(A.c.team_id == team_id)
+        async with autocommit(self._sessions) as db:
+            return _located(await db.execute(query, {"now": now}))
+
+    async def follow_up(
+        self, transition: Transition, approval: Approval, *, now: datetime
+    ) -> Approval:
+        """REMIND or ESCALATE, audited: recorded before it is done, so it is done once."""
+        row = await self._change(FOLLOW_UP[transition], transition, approval, now, {"now": now})
+        return _approval(row._mapping, approval.thread)
+
+    async def escalation_posted(self, approval: Approval, *, ts: str) -> None:
+        """Where the escalated card is, so a decision redraws it too."""
+        async with autocommit(self._sessions) as db:
+            await db.execute(ESCALATION_POSTED, _key(approval) | {"ts": ts})
+
     async def stale_cards(
         self, *, stale: datetime, team_id: str | None = None
     ) -> tuple[Approval, ...]:
@@ -831,6 +868,17 @@ def _approval(row: Mapping[Any, Any], thread: Thread) -> Approval:
     )
     channel = row["card_channel"]
     card = None if channel is None else Card(channel, row["card_ts"], CardState(row["card_state"]))
+    reminder = None
+    if row["remind_at"] is not None:
+        reminder = FollowUp(row["remind_at"], ReminderState(row["reminder"]))
+    escalation = None
+    if row["escalate_at"] is not None:
+        escalation = FollowUp(
+            row["escalate_at"],
+            EscalationState(row["escalation"]),
+            row["escalation_channel"],
+            row["escalation_ts"],
+        )
     return Approval(
         id=row["id"],
         turn_id=row["turn_id"],
@@ -839,6 +887,8 @@ def _approval(row: Mapping[Any, Any], thread: Thread) -> Approval:
         decision=_decision(row),
         execution=_execution(row),
         card=card,
+        reminder=reminder,
+        escalation=escalation,
     )
 
 
@@ -894,4 +944,10 @@ def _columns(approval: Approval) -> dict[str, Any]:
         "card_attempted_at": r.requested_at,
         "approvals_needed": r.approvals_needed,
         "votes": 0,
+        "remind_at": approval.reminder.at if approval.reminder else None,
+        "reminder": ReminderState.SCHEDULED if approval.reminder else ReminderState.NONE,
+        "escalate_at": approval.escalation.at if approval.escalation else None,
+        "escalation": (EscalationState.SCHEDULED if approval.escalation else EscalationState.NONE),
+        "escalation_channel": approval.escalation.channel if approval.escalation else None,
+        "escalation_ts": None,
     }

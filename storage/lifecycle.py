@@ -11,6 +11,8 @@ States
                resuming -> resuming                         lease renewed, or taken over
     card       posting -> posted | failed                   the approvers' card (an outbox)
                posting -> posting                           a sweep retries a cut-off post
+    reminder   scheduled -> sent                            once, while still pending
+    escalation scheduled -> escalated                       once: the card goes up a level
 
 Why an approved call runs at most once
     1. A decision leaves only `pending`, as one conditional write: of two clicks (or a
@@ -75,6 +77,18 @@ class CardState(enum.StrEnum):
     FAILED = "failed"  # Slack refused it for good; the requester was told
 
 
+class ReminderState(enum.StrEnum):
+    NONE = "none"  # its policy asks for no reminder
+    SCHEDULED = "scheduled"
+    SENT = "sent"
+
+
+class EscalationState(enum.StrEnum):
+    NONE = "none"
+    SCHEDULED = "scheduled"
+    ESCALATED = "escalated"  # the card is in the escalation channel too; more may decide
+
+
 class TurnState(enum.StrEnum):
     WAITING = "waiting"  # interrupts await decisions
     RESUMING = "resuming"  # claimed by one process until its lease runs out
@@ -82,7 +96,7 @@ class TurnState(enum.StrEnum):
     FAILED = "failed"
 
 
-State = ApprovalState | ExecutionState | TurnState | CardState
+State = ApprovalState | ExecutionState | TurnState | CardState | ReminderState | EscalationState
 
 
 class Subject(enum.StrEnum):
@@ -92,6 +106,8 @@ class Subject(enum.StrEnum):
     EXECUTION = "execution"
     TURN = "turn"
     CARD = "card"
+    REMINDER = "reminder"
+    ESCALATION = "escalation"
 
 
 class Requirement(enum.StrEnum):
@@ -108,6 +124,8 @@ class Requirement(enum.StrEnum):
     QUORUM_MET = "this approval completes the approvals needed"
     QUORUM_SHORT = "more approvals are needed after this one"
     STILL_PENDING = "the approval is still pending"
+    REMINDER_DUE = "the reminder's time has come"
+    ESCALATION_DUE = "the escalation's time has come"
     POST_RAN_OUT = "the last attempt to post the card is older than its grace"
 
 
@@ -232,6 +250,23 @@ CARD_FAILED = Transition(
     CardState.FAILED,
     audit=Audit("card_failed", "greenlight"),
 )
+# Follow-ups: recorded when they are done, before the transport does them (at most once).
+REMIND = Transition(
+    "remind",
+    Subject.REMINDER,
+    {ReminderState.SCHEDULED: ()},
+    ReminderState.SENT,
+    requires=(R.STILL_PENDING, R.REMINDER_DUE),
+    audit=Audit("reminded", "greenlight"),
+)
+ESCALATE = Transition(
+    "escalate",
+    Subject.ESCALATION,
+    {EscalationState.SCHEDULED: ()},
+    EscalationState.ESCALATED,
+    requires=(R.STILL_PENDING, R.ESCALATION_DUE),
+    audit=Audit("escalated", "greenlight"),
+)
 RENEW = Transition("renew", Subject.TURN, {T.RESUMING: ()}, T.RESUMING, requires=(R.OWN_CLAIM,))
 COMPLETE = Transition("complete", Subject.TURN, {T.RESUMING: ()}, T.DONE, requires=(R.OWN_CLAIM,))
 GIVE_UP = Transition("give up", Subject.TURN, {T.RESUMING: ()}, T.FAILED, requires=(R.OWN_CLAIM,))
@@ -248,6 +283,8 @@ TRANSITIONS = (
     RETRY_CARD,
     CARD_POSTED,
     CARD_FAILED,
+    REMIND,
+    ESCALATE,
     CLAIM,
     RENEW,
     COMPLETE,
@@ -260,6 +297,8 @@ STATES: Mapping[Subject, type[State]] = {
     Subject.EXECUTION: ExecutionState,
     Subject.TURN: TurnState,
     Subject.CARD: CardState,
+    Subject.REMINDER: ReminderState,
+    Subject.ESCALATION: EscalationState,
 }
 
 
@@ -353,6 +392,17 @@ class Card:
 
 
 @dataclass(frozen=True)
+class FollowUp:
+    """A reminder or an escalation: when it is due and whether it happened. An escalation
+    names its channel, and once its card is posted there, the card's ts."""
+
+    at: datetime
+    state: ReminderState | EscalationState
+    channel: str | None = None
+    ts: str | None = None
+
+
+@dataclass(frozen=True)
 class Approval:
     """One interrupted tool call: the request, its single decision, its execution, its card."""
 
@@ -364,6 +414,12 @@ class Approval:
     execution: Execution = field(default_factory=NotStarted)
     card: Card | None = None
     votes: tuple[Vote, ...] = ()  # of a quorum: who approved so far, in order
+    reminder: FollowUp | None = None
+    escalation: FollowUp | None = None
+
+    @property
+    def escalated(self) -> bool:
+        return self.escalation is not None and self.escalation.state == EscalationState.ESCALATED
 
     @property
     def state(self) -> ApprovalState:

@@ -15,7 +15,14 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-from storage.lifecycle import ApprovalState, CardState, ExecutionState, TurnState
+from storage.lifecycle import (
+    ApprovalState,
+    CardState,
+    EscalationState,
+    ExecutionState,
+    ReminderState,
+    TurnState,
+)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -152,8 +159,19 @@ class ApprovalRow(Base):
     card_attempted_at: Mapped[datetime | None]
     approvals_needed: Mapped[int] = mapped_column(Integer, server_default="1")  # a quorum
     votes: Mapped[int] = mapped_column(Integer, server_default="0")  # approvals so far
+    remind_at: Mapped[datetime | None]
+    reminder: Mapped[ReminderState] = mapped_column(_enum(ReminderState), server_default="none")
+    escalate_at: Mapped[datetime | None]
+    escalation: Mapped[EscalationState] = mapped_column(
+        _enum(EscalationState), server_default="none"
+    )
+    escalation_channel: Mapped[str | None] = mapped_column(String(32))
+    escalation_ts: Mapped[str | None] = mapped_column(String(32))
 
-    __table_args__ = (Index("ix_approvals_status_expiry", "status", "expires_at"),)
+    __table_args__ = (
+        Index("ix_approvals_status_expiry", "status", "expires_at"),
+        Index("ix_approvals_follow_ups", "status", "remind_at", "escalate_at"),
+    )
 
 
 class VoteRow(Base):

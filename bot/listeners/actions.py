@@ -44,8 +44,15 @@ def facts_for(
 
     async def facts(approval: Approval, policy: Policy) -> ApproverFacts:
         card_channel = approval.card.channel if approval.card else None
+        escalated = approval.escalation if approval.escalated else None
+        escalation = escalated.channel if escalated else None
         return await deps.people.approver_facts(
-            client, user, policy, clicked_in=channel, card_channel=card_channel
+            client,
+            user,
+            policy,
+            clicked_in=channel,
+            card_channel=card_channel,
+            escalation_channel=escalation,
         )
 
     return facts

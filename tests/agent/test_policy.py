@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from agent.policy import ApproverFacts, Policy, refusal
@@ -51,3 +53,32 @@ def test_nobody_whose_message_led_to_the_call_decides_it(policy: Policy) -> None
         assert why == expected
     third = refusal(policy, requester="UASK", participants=people, approver="UCFO", facts=everyone)
     assert third is None
+
+
+ESCALATING = Policy(
+    tool="transferMoney",
+    allowed=False,
+    channel="C0APPROVE",
+    approver_users=("UCFO",),
+    escalate_to="C0LEADS",
+)
+
+
+def test_once_escalated_the_escalation_channel_may_decide_too() -> None:
+    in_leads = ApproverFacts(in_escalation_channel=True)
+    before = refusal(ESCALATING, requester="UASK", approver="ULEAD", facts=in_leads)
+    assert before == "not_an_approver"
+    after = refusal(ESCALATING, requester="UASK", approver="ULEAD", facts=in_leads, escalated=True)
+    assert after is None
+    public = ApproverFacts(in_escalation_channel=True, public_escalation_channel=True)
+    refused = refusal(ESCALATING, requester="UASK", approver="ULEAD", facts=public, escalated=True)
+    assert (
+        refused == "not_an_approver"
+    )  # the first refusal stands: a public channel decides nothing
+    named = replace(ESCALATING, escalate_users=("UONCALL",))
+    assert (
+        refusal(named, requester="UASK", approver="UONCALL", facts=ApproverFacts(), escalated=True)
+        is None
+    )
+    assert refusal(named, requester="UASK", approver="ULEAD", facts=in_leads, escalated=True)
+    assert refusal(named, requester="UONCALL", approver="UONCALL", facts=in_leads, escalated=True)

@@ -25,12 +25,15 @@ from storage.lifecycle import (
     CLAIM,
     COMPLETE,
     DENY,
+    ESCALATE,
     EXPIRE,
     FINISH_EXECUTION,
     GIVE_UP,
+    REMIND,
     RENEW,
     RETRY_CARD,
     START_EXECUTION,
+    STATES,
     Approval,
     ApprovalState,
     Approved,
@@ -454,3 +457,42 @@ async def test_one_person_racing_themselves_votes_once(db: Db) -> None:
     assert all(isinstance(r, IllegalTransition) for r in results if isinstance(r, BaseException))
     final = await db.store.get(db.team, approval.id)
     assert final is not None and [v.by for v in final.votes] == ["UA"] and final.decision is None
+
+
+FOLLOW_UPS = {REMIND: ("reminder", "remind_at"), ESCALATE: ("escalation", "escalate_at")}
+
+
+@pytest.mark.parametrize("transition", list(FOLLOW_UPS), ids=lambda t: t.name)
+async def test_follow_ups_take_once_exactly_when_the_table_allows(
+    db: Db, transition: Transition
+) -> None:
+    column, at_column = FOLLOW_UPS[transition]
+    states: list[State] = list(STATES[transition.subject])
+    for state, status, at in itertools.product(states, ApprovalState, (NOW - HOUR, NOW + HOUR)):
+        approval, _ = await db.seed(status=status)
+        async with db.sessions.begin() as s:
+            row = await s.get_one(ApprovalRow, approval.id)
+            setattr(row, column, state)
+            setattr(row, at_column, at)
+        holds = {
+            Requirement.STILL_PENDING: status == ApprovalState.PENDING,
+            Requirement.REMINDER_DUE: at <= NOW,
+            Requirement.ESCALATION_DUE: at <= NOW,
+        }
+        enters = expected(transition, state, holds)
+        due = {a.id for a in await db.store.due(transition, now=NOW, team_id=db.team)}
+        case = f"{transition.name} from {state}, {status}, at {at:%H:%M}"
+        assert (approval.id in due) == (enters is not None), case
+        audits = await db.audit_rows()
+        if enters is None:
+            with pytest.raises(IllegalTransition):
+                await db.store.follow_up(transition, approval, now=NOW)
+            assert getattr(await db.row(ApprovalRow, approval.id), column) == state, case
+            continue
+        results = await asyncio.gather(
+            *(db.store.follow_up(transition, approval, now=NOW) for _ in range(3)),
+            return_exceptions=True,
+        )
+        assert sum(not isinstance(r, BaseException) for r in results) == 1, case  # once
+        assert getattr(await db.row(ApprovalRow, approval.id), column) == enters, case
+        assert await db.audit_rows() == audits + 1, case
