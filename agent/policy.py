@@ -10,7 +10,6 @@ The rules live here; storage keeps the rows and the Slack layer supplies facts a
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -18,7 +17,7 @@ from typing import Any, Literal
 
 import cel
 
-from agent.policy_file import PolicyFile
+from agent.policy_file import PolicyFile, compiled
 from storage.policies import PolicyStore, StoredPolicy
 
 POLICY_FILE_ACTOR = "policy-file"  # who the audit trail says changed what the file sets
@@ -45,12 +44,6 @@ class PolicyDefaults:
 
 class RuleError(Exception):
     """A rule's expression could not be evaluated for this call."""
-
-
-@functools.lru_cache(maxsize=1024)
-def compiled(expression: str) -> cel.Program:
-    """Each expression is compiled once (POLICY_FILE's at start, when they are checked)."""
-    return cel.compile(expression)
 
 
 @dataclass(frozen=True)

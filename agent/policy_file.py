@@ -8,6 +8,7 @@ and the problem, so the bot refuses to start rather than run with a policy nobod
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Collection, Sequence
 from datetime import timedelta
@@ -91,6 +92,13 @@ class PolicyFile(_Strict):
     tools: dict[str, ToolSpec] = Field(default_factory=dict)
 
 
+@functools.lru_cache(maxsize=1024)
+def compiled(expression: str) -> cel.Program:
+    """Each rule's expression is compiled once: POLICY_FILE's at start, as they are checked
+    (ValueError if one does not compile)."""
+    return cel.compile(expression)
+
+
 class PolicyFileError(ValueError):
     """What is wrong with the file, where: `<file>, line <n>: <problem>`."""
 
@@ -118,7 +126,7 @@ def load(path: Path) -> PolicyFile:
     for tool, spec in policy.tools.items():
         for i, rule in enumerate(spec.rules):
             try:
-                cel.compile(rule.when)
+                compiled(rule.when)
             except ValueError as exc:
                 where = _line(root, ("tools", tool, "rules", i, "when"))
                 problem = str(exc).splitlines()[0]
