@@ -8,6 +8,7 @@ import gc
 import logging
 import signal
 from datetime import timedelta
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -22,7 +23,9 @@ from sqlalchemy import text
 from agent import policy_file as policy_files
 from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.policy import PolicyDefaults
+from agent.policy_file import PolicyFile
 from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig, ToolModuleError
+from agent.workflow import Workflow
 from bot.app import build_app
 from bot.background import Background
 from bot.clicks import ClickLimit
@@ -96,6 +99,16 @@ async def approver_channel_problems(
     return []
 
 
+def read_policy_file(path: Path | None) -> PolicyFile | None:
+    """POLICY_FILE, checked; a ConfigError naming the line of anything wrong with it."""
+    if path is None:
+        return None
+    try:
+        return policy_files.load(path)
+    except policy_files.PolicyFileError as exc:
+        raise ConfigError([f"POLICY_FILE {exc}"]) from None
+
+
 class Service:
     """Everything `python -m bot` runs, with start/stop so tests run the very same thing."""
 
@@ -121,46 +134,9 @@ class Service:
         s = self.settings
         if s.MIGRATE_ON_START:
             await upgrade(self._engine)
-        sessions = make_session_factory(self._engine)
-        config = AgentConfig(
-            model=s.AGENT_MODEL,
-            system_prompt=s.AGENT_SYSTEM_PROMPT or DEFAULT_SYSTEM_PROMPT,
-            tool_modules=tuple(s.AGENT_TOOLS),
-            gemini_api_key=s.GEMINI_API_KEY.get_secret_value() if s.GEMINI_API_KEY else None,
-            gemini_api_url=s.GEMINI_API_URL,
-        )
-        policy_file = None
-        if s.POLICY_FILE is not None:
-            try:
-                policy_file = policy_files.load(s.POLICY_FILE)
-            except policy_files.PolicyFileError as exc:
-                raise ConfigError([f"POLICY_FILE {exc}"]) from None
-        file_defaults = policy_file.defaults if policy_file else policy_files.Defaults()
-        defaults = PolicyDefaults(
-            channel=s.APPROVER_CHANNEL,
-            timeout=file_defaults.timeout or timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS),
-            approvals=file_defaults.approvals or 1,
-        )
+        policy_file = read_policy_file(s.POLICY_FILE)
         background = Background(limit=s.MAX_CONCURRENT_TURNS)
-        try:
-            workflow = build_workflow(
-                sessions,
-                config,
-                defaults=defaults,
-                clock=utc_now,
-                new_id=new_uuid,
-                lease=timedelta(seconds=s.RESUME_LEASE_SECONDS),
-                outside=background.outside,
-            )
-        except ToolModuleError as exc:  # AGENT_TOOLS names something that cannot be loaded
-            raise ConfigError([str(exc)]) from None
-        if policy_file is not None and s.POLICY_FILE is not None:
-            try:
-                policy_files.check_tools(
-                    s.POLICY_FILE, policy_file, workflow.policies.known_tools()
-                )
-            except policy_files.PolicyFileError as exc:
-                raise ConfigError([f"POLICY_FILE {exc}"]) from None
+        workflow = self._workflow(policy_file, background)
         self.deps = deps = Deps(
             workflow=workflow,
             delivery=Delivery(workflow, clock=utc_now),
@@ -176,19 +152,7 @@ class Service:
             signing_secret=None if s.socket_mode else signing,
             api_url=s.SLACK_API_URL,
         )
-        assert s.APPROVER_CHANNEL is not None  # serving_problems() requires it
-        channels = {s.APPROVER_CHANNEL: "APPROVER_CHANNEL"}
-        if policy_file is not None:
-            channels |= policy_files.member_channels(policy_file)
-        problems = []
-        for channel, named in channels.items():
-            problems += await approver_channel_problems(app.client, channel, named)
-        if problems:
-            raise ConfigError(problems)
-        if policy_file is not None:  # the workspace this token serves gets the file's policy
-            team = str((await app.client.auth_test())["team_id"])
-            changed = await workflow.policies.apply_file(team, policy_file)
-            log.info("POLICY_FILE set the policy of %d tool(s): %s", len(changed), changed)
+        await self._prepare_policy(app.client, workflow, policy_file)
         # Socket Mode gets no Slack route: unsigned HTTP requests must never reach Bolt.
         web_app = web.Application() if s.socket_mode else app.web_app(path=SLACK_PATH)
         if not s.socket_mode and signing is not None:
@@ -205,6 +169,60 @@ class Service:
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="recovery sweep")
         self._follower = asyncio.create_task(self._follow_up_forever(), name="follow-ups")
         log.info("Greenlight is up (%s)", "Socket Mode" if s.socket_mode else f"HTTP :{self.port}")
+
+    def _workflow(self, policy_file: PolicyFile | None, background: Background) -> Workflow:
+        """The agent and its workflow, under the configured policy defaults."""
+        s = self.settings
+        config = AgentConfig(
+            model=s.AGENT_MODEL,
+            system_prompt=s.AGENT_SYSTEM_PROMPT or DEFAULT_SYSTEM_PROMPT,
+            tool_modules=tuple(s.AGENT_TOOLS),
+            gemini_api_key=s.GEMINI_API_KEY.get_secret_value() if s.GEMINI_API_KEY else None,
+            gemini_api_url=s.GEMINI_API_URL,
+        )
+        file_defaults = policy_file.defaults if policy_file else policy_files.Defaults()
+        defaults = PolicyDefaults(
+            channel=s.APPROVER_CHANNEL,
+            timeout=file_defaults.timeout or timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS),
+            approvals=file_defaults.approvals or 1,
+        )
+        try:
+            workflow = build_workflow(
+                make_session_factory(self._engine),
+                config,
+                defaults=defaults,
+                clock=utc_now,
+                new_id=new_uuid,
+                lease=timedelta(seconds=s.RESUME_LEASE_SECONDS),
+                outside=background.outside,
+            )
+            if policy_file is not None and s.POLICY_FILE is not None:
+                known = workflow.policies.known_tools()
+                policy_files.check_tools(s.POLICY_FILE, policy_file, known)
+        except ToolModuleError as exc:  # AGENT_TOOLS names something that cannot be loaded
+            raise ConfigError([str(exc)]) from None
+        except policy_files.PolicyFileError as exc:
+            raise ConfigError([f"POLICY_FILE {exc}"]) from None
+        return workflow
+
+    async def _prepare_policy(
+        self, client: AsyncWebClient, workflow: Workflow, policy_file: PolicyFile | None
+    ) -> None:
+        """Every channel whose members decide must be private; then the workspace this
+        token serves gets POLICY_FILE's policy."""
+        assert self.settings.APPROVER_CHANNEL is not None  # serving_problems() requires it
+        channels = {self.settings.APPROVER_CHANNEL: "APPROVER_CHANNEL"}
+        if policy_file is not None:
+            channels |= policy_files.member_channels(policy_file)
+        problems = []
+        for channel, named in channels.items():
+            problems += await approver_channel_problems(client, channel, named)
+        if problems:
+            raise ConfigError(problems)
+        if policy_file is not None:
+            team = str((await client.auth_test())["team_id"])
+            changed = await workflow.policies.apply_file(team, policy_file)
+            log.info("POLICY_FILE set the policy of %d tool(s): %s", len(changed), changed)
 
     async def stop(self) -> None:
         """Stop taking work, let in-flight turns finish, close connections."""
