@@ -1,9 +1,9 @@
 """Conversations, paused turns and approvals: one atomic method per transition and per read.
 
-Every method owns its session. The conditional writes come from storage/lifecycle.py: a
-transition's WHERE clause is `guard(transition)`, its source states and requirements, with
-each requirement's SQL in REQUIREMENTS. When a write matches no row, `_refusal` reads the
-same conditions back and lets the lifecycle say why (IllegalTransition). So when two
+Every method owns its session. The conditional writes come from storage/lifecycle.py, by
+way of storage/transitions.py: a transition's WHERE clause is `guard(transition)`, its
+source states and requirements. When a write matches no row, `_refusal` reads the same
+conditions back and lets the lifecycle say why (IllegalTransition). So when two
 callers race (two clicks, two replicas, a retry), exactly one changes the row and the
 other learns what happened.
 
@@ -16,7 +16,7 @@ PostgreSQL: no BEGIN and COMMIT round trips).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, cast
@@ -76,94 +76,24 @@ from storage.lifecycle import (
     Vote,
 )
 from storage.models import (
-    ApprovalRow,
-    ConversationRow,
     PolicyRow,
-    SeenEventRow,
-    TurnRow,
-    VoteRow,
 )
 from storage.policies import POLICY_FIELDS, StoredPolicy, stored_policy
-
-A, T, C, S, V = (
-    cast(sa.Table, m.__table__)
-    for m in (ApprovalRow, TurnRow, ConversationRow, SeenEventRow, VoteRow)
+from storage.transitions import (
+    NOW,
+    ROW_ID,
+    SIBLING,
+    A,
+    Atomic,
+    C,
+    NewRow,
+    S,
+    T,
+    V,
+    facts,
+    guard,
+    write,
 )
-_sibling = A.alias("sibling")
-_now = sa.bindparam("now", type_=A.c.expires_at.type)
-_ROW_ID: sa.BindParameter[str] = sa.bindparam("row_id", type_=sa.String())  # the changed row
-
-# The SQL of each requirement of the lifecycle; a test checks that every one is here.
-REQUIREMENTS: Mapping[Requirement, sa.ColumnElement[bool]] = {
-    Requirement.BEFORE_DEADLINE: A.c.expires_at > _now,
-    Requirement.PAST_DEADLINE: A.c.expires_at <= _now,
-    Requirement.APPROVED: A.c.status == ApprovalState.APPROVED,
-    Requirement.SAME_CALL: sa.and_(
-        A.c.tool == sa.bindparam("call_tool"), A.c.ref == sa.bindparam("call_ref")
-    ),
-    Requirement.ALL_DECIDED: ~sa.exists().where(
-        _sibling.c.turn_id == T.c.id, _sibling.c.status == ApprovalState.PENDING
-    ),
-    Requirement.LEASE_RAN_OUT: T.c.lease_until < _now,
-    Requirement.OWN_CLAIM: T.c.attempts == sa.bindparam("attempt"),
-    Requirement.NEW_VOTER: ~sa.exists().where(
-        V.c.approval_id == A.c.id, V.c.voter == sa.bindparam("by")
-    ),
-    Requirement.QUORUM_MET: A.c.votes + 1 >= A.c.approvals_needed,
-    Requirement.QUORUM_SHORT: A.c.votes + 1 < A.c.approvals_needed,
-    Requirement.STILL_PENDING: A.c.status == ApprovalState.PENDING,
-    Requirement.REMINDER_DUE: A.c.remind_at <= _now,
-    Requirement.ESCALATION_DUE: A.c.escalate_at <= _now,
-    Requirement.POST_RAN_OUT: A.c.card_attempted_at < sa.bindparam("card_stale"),
-}
-STATE_COLUMN = {
-    Subject.APPROVAL: A.c.status,
-    Subject.EXECUTION: A.c.execution,
-    Subject.TURN: T.c.state,
-    Subject.CARD: A.c.card_state,
-    Subject.REMINDER: A.c.reminder,
-    Subject.ESCALATION: A.c.escalation,
-}
-_TABLE = {subject: T if subject == Subject.TURN else A for subject in Subject}
-
-
-def guard(transition: Transition) -> sa.ColumnElement[bool]:
-    """The transition's WHERE clause: a state it may leave (with what that state requires)
-    and what it requires from any state."""
-    state = STATE_COLUMN[transition.subject]
-    ways = [
-        sa.and_(state == source, *(REQUIREMENTS[r] for r in extra))
-        for source, extra in transition.leaves.items()
-        if source is not None
-    ]
-    return sa.and_(sa.or_(*ways), *(REQUIREMENTS[r] for r in transition.requires))
-
-
-def _facts(transition: Transition) -> list[sa.ColumnElement[Any]]:
-    """The row's state and each requirement's truth, to explain a write that matched nothing."""
-    every = dict.fromkeys(r for s in transition.leaves for r in transition.requirements(s))
-    state = STATE_COLUMN[transition.subject].label("state")
-    return [state, *(REQUIREMENTS[r].label(f"holds_{r.name}") for r in every)]
-
-
-def _write(transition: Transition, **values: Any) -> sa.Update:
-    """UPDATE … SET the state it enters (and `values`) WHERE id and guard … RETURNING the row.
-
-    An approval is found by its workspace and id (the id comes from a button); a turn by its
-    id, which only the store hands out.
-    """
-    table = _TABLE[transition.subject]
-    key = [table.c.id == _ROW_ID]
-    if table is A:
-        key.append(A.c.team_id == sa.bindparam("team"))
-    state = STATE_COLUMN[transition.subject].key
-    return (
-        sa.update(table)
-        .where(*key, guard(transition))
-        .values({state: transition.enters, **values})
-        .returning(table)
-    )
-
 
 _LOCATED = (
     sa.select(A, C.c.channel_id.label("thread_channel"), C.c.thread_ts.label("thread_ts"))
@@ -172,7 +102,7 @@ _LOCATED = (
     .order_by(A.c.requested_at, A.c.id)
 )
 _TEAM = A.c.team_id == sa.bindparam("team")
-GET = _LOCATED.where(_TEAM, A.c.id == _ROW_ID)
+GET = _LOCATED.where(_TEAM, A.c.id == ROW_ID)
 OF_TURN = _LOCATED.where(A.c.turn_id == sa.bindparam("turn"))
 # An approval to decide, with its tool's stored policy (None: the defaults) in one query.
 _P = cast(sa.Table, PolicyRow.__table__)
@@ -193,98 +123,15 @@ WAITING_ON = _LOCATED.where(_THREAD, _OPEN)
 KNOWN = sa.select(C.c.id).where(_THREAD)
 
 
-class Atomic:
-    """A change and the writes that must happen exactly when it happens, built once.
-
-    `change` is a conditional UPDATE (or an INSERT) with RETURNING; each of `then` is a row
-    to insert (`NewRow`) or an UPDATE; `read`, if given, builds what to return from the changed
-    row (by default, the changed row itself). On PostgreSQL all of it is one statement: the
-    change as a data-modifying CTE, each write and the read reading from it, so all or none
-    commit with no transaction around them: one round trip where a transaction takes four
-    to six (README, Performance, says what that is worth). Elsewhere: the same statements in
-    one transaction, the read finding the changed row by its id. Both take the same
-    parameters.
-    """
-
-    def __init__(
-        self,
-        change: sa.Update | sa.Insert,
-        *then: NewRow | sa.Update,
-        read: Callable[[sa.FromClause], sa.Select[Any]] | None = None,
-    ) -> None:
-        self.steps: list[sa.Executable] = [change]
-        self.steps += [t.alone() if isinstance(t, NewRow) else t for t in then]
-        if read is not None:
-            table = cast(sa.Table, change.table)
-            self.steps.append(read(sa.select(table).where(table.c.id == _ROW_ID).subquery()))
-        self.returns_changed = read is None
-        changed = change.cte("changed")
-        writes = [
-            (t.after(changed) if isinstance(t, NewRow) else t.where(sa.exists(changed.select())))
-            for t in then
-        ]
-        result = sa.select(changed) if read is None else read(changed)
-        self.one = result.add_cte(*(w.cte(f"then{i}") for i, w in enumerate(writes)))
-
-    async def run(
-        self, sessions: SessionFactory, params: Mapping[str, Any], *, one: bool | None = None
-    ) -> Sequence[sa.Row[Any]]:
-        """What it read; nothing when the change matched nothing (and nothing was written).
-
-        `one`: as one statement or not; by default, one on PostgreSQL (the benchmark runs
-        both forms there to measure the difference).
-        """
-        if one is False:
-            async with sessions.begin() as db:
-                return await self._in_steps(db, params)
-        async with autocommit(sessions) as db:  # one transaction on SQLite
-            if one or db.get_bind().dialect.name == "postgresql":
-                return (await db.execute(self.one, params)).all()
-            return await self._in_steps(db, params)
-
-    async def _in_steps(self, db: AsyncSession, params: Mapping[str, Any]) -> Sequence[sa.Row[Any]]:
-        rows = (await db.execute(self.steps[0], params)).all()
-        if rows:
-            for step in self.steps[1:]:
-                result = await db.execute(step, params)
-            if not self.returns_changed:
-                rows = result.all()
-        return rows
-
-
-@dataclass(frozen=True)
-class NewRow:
-    """One row of `table` written with a change, its values bound as `prefix` + column."""
-
-    table: sa.Table
-    prefix: str
-
-    def _values(self) -> dict[str, sa.BindParameter[Any]]:
-        columns = [c for c in self.table.c if not (c.primary_key and c.autoincrement is True)]
-        return {c.key: sa.bindparam(self.prefix + c.key, type_=c.type) for c in columns}
-
-    def alone(self) -> sa.Insert:
-        return sa.insert(self.table).values(self._values())
-
-    def after(self, changed: sa.CTE) -> sa.Insert:
-        values = self._values()
-        return sa.insert(self.table).from_select(
-            list(values), sa.select(*values.values()).select_from(changed)
-        )
-
-    def params(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        return {self.prefix + key: value for key, value in values.items()}
-
-
 NOTE = NewRow(audit.TABLE, "audit_")  # a transition's audit row
 
 # Approvals: each change with its audit row.
 _OTHERS_PENDING = (
     sa.select(sa.func.count())
     .where(
-        _sibling.c.turn_id == A.c.turn_id,
-        _sibling.c.id != A.c.id,  # PostgreSQL's RETURNING sees the statement's start
-        _sibling.c.status == ApprovalState.PENDING,
+        SIBLING.c.turn_id == A.c.turn_id,
+        SIBLING.c.id != A.c.id,  # PostgreSQL's RETURNING sees the statement's start
+        SIBLING.c.status == ApprovalState.PENDING,
     )
     .scalar_subquery()
     .label("others_pending")
@@ -299,7 +146,7 @@ def _if_complete(value: Any) -> sa.Case[Any]:
 # An Approve: VOTE or APPROVE, whichever the row allows, in one write with the vote's row.
 APPROVING = Atomic(
     sa.update(A)
-    .where(A.c.id == _ROW_ID, _TEAM, sa.or_(guard(VOTE), guard(APPROVE)))
+    .where(A.c.id == ROW_ID, _TEAM, sa.or_(guard(VOTE), guard(APPROVE)))
     .values(
         status=sa.case(
             (_completes, sa.literal(APPROVE.enters, A.c.status.type)),
@@ -307,7 +154,7 @@ APPROVING = Atomic(
         ),
         votes=A.c.votes + 1,
         decided_by=_if_complete(sa.bindparam("by")),
-        decided_at=_if_complete(_now),
+        decided_at=_if_complete(NOW),
         reason=_if_complete(sa.bindparam("because")),
     )
     .returning(A, _OTHERS_PENDING),
@@ -315,8 +162,8 @@ APPROVING = Atomic(
     NOTE,
 )
 DENYING = Atomic(
-    _write(
-        DENY, decided_by=sa.bindparam("by"), decided_at=_now, reason=sa.bindparam("because")
+    write(
+        DENY, decided_by=sa.bindparam("by"), decided_at=NOW, reason=sa.bindparam("because")
     ).returning(_OTHERS_PENDING),
     NOTE,
 )
@@ -325,17 +172,17 @@ VOTES = (
     .where(V.c.approval_id.in_(sa.bindparam("ids", expanding=True)))
     .order_by(V.c.at, V.c.voter)
 )
-EXPIRE_ONE = Atomic(_write(EXPIRE, decided_at=_now), NOTE)
-START = Atomic(_write(START_EXECUTION), NOTE)
-FINISH = Atomic(_write(FINISH_EXECUTION, output=sa.bindparam("result")), NOTE)
+EXPIRE_ONE = Atomic(write(EXPIRE, decided_at=NOW), NOTE)
+START = Atomic(write(START_EXECUTION), NOTE)
+FINISH = Atomic(write(FINISH_EXECUTION, output=sa.bindparam("result")), NOTE)
 # The card's outbox.
-POSTED = _write(CARD_POSTED, card_ts=sa.bindparam("ts"))
-FAILED = Atomic(_write(CARD_FAILED), NOTE)
-RETRY = _write(RETRY_CARD, card_attempted_at=_now)
+POSTED = write(CARD_POSTED, card_ts=sa.bindparam("ts"))
+FAILED = Atomic(write(CARD_FAILED), NOTE)
+RETRY = write(RETRY_CARD, card_attempted_at=NOW)
 # Follow-ups, each with its audit row.
-FOLLOW_UP = {t: Atomic(_write(t), NOTE) for t in (REMIND, ESCALATE)}
+FOLLOW_UP = {t: Atomic(write(t), NOTE) for t in (REMIND, ESCALATE)}
 ESCALATION_POSTED = (
-    sa.update(A).where(A.c.id == _ROW_ID, _TEAM).values(escalation_ts=sa.bindparam("ts"))
+    sa.update(A).where(A.c.id == ROW_ID, _TEAM).values(escalation_ts=sa.bindparam("ts"))
 )
 
 
@@ -348,10 +195,10 @@ def _approvals_of(turn: sa.FromClause) -> sa.Select[Any]:
 
 
 CLAIM_TURN = Atomic(
-    _write(CLAIM, lease_until=sa.bindparam("lease"), attempts=T.c.attempts + 1, updated_at=_now),
+    write(CLAIM, lease_until=sa.bindparam("lease"), attempts=T.c.attempts + 1, updated_at=NOW),
     read=_approvals_of,
 )
-RENEW_LEASE = _write(RENEW, lease_until=sa.bindparam("lease"))
+RENEW_LEASE = write(RENEW, lease_until=sa.bindparam("lease"))
 RECOVERABLE = sa.select(T.c.id).where(guard(CLAIM))
 # The thread freed; the next message continues from `snapshot` when given.
 RELEASE = (
@@ -365,7 +212,7 @@ RELEASE = (
     )
 )
 END = {
-    t: Atomic(_write(t, lease_until=None, updated_at=_now), RELEASE, read=_approvals_of)
+    t: Atomic(write(t, lease_until=None, updated_at=NOW), RELEASE, read=_approvals_of)
     for t in (COMPLETE, GIVE_UP)
 }
 
@@ -379,13 +226,13 @@ def paused_turn(approvals: int, after: Transition | None = None) -> Atomic:
     notes = [NewRow(audit.TABLE, f"e{i}_") for i in range(approvals)]
     if after is None:
         return Atomic(turn.alone().returning(T.c.id), *rows, *notes)
-    ended = _write(after, lease_until=None, updated_at=_now)
+    ended = write(after, lease_until=None, updated_at=NOW)
     return Atomic(ended, turn, *rows, *notes, read=_approvals_of)
 
 
 # Conversations (threads): taken by one turn at a time, while it runs or waits.
 _idle = sa.and_(
-    sa.or_(C.c.busy_until.is_(None), C.c.busy_until < _now),
+    sa.or_(C.c.busy_until.is_(None), C.c.busy_until < NOW),
     ~sa.exists().where(T.c.conversation_id == C.c.id, _OPEN),
 )
 _NEW_THREAD = {
@@ -395,7 +242,7 @@ _NEW_THREAD = {
     "thread_ts": sa.bindparam("thread", type_=C.c.thread_ts.type),
     "busy_until": sa.bindparam("until", type_=C.c.busy_until.type),
     "participants": sa.bindparam("participants", type_=C.c.participants.type),
-    "created_at": _now,
+    "created_at": NOW,
 }
 OPEN_THREAD = (
     sa.insert(C)
@@ -420,13 +267,13 @@ SET_PARTICIPANTS = (
 
 _event = {
     "event_id": sa.bindparam("event", type_=S.c.event_id.type),
-    "received_at": _now,
+    "received_at": NOW,
 }
 FIRST_DELIVERY = sa.insert(S).from_select(
     list(_event),
     sa.select(*_event.values()).where(~sa.exists().where(S.c.event_id == _event["event_id"])),
 )
-FORGET_EVENTS = sa.delete(S).where(S.c.received_at < _now)
+FORGET_EVENTS = sa.delete(S).where(S.c.received_at < NOW)
 
 
 @dataclass(frozen=True)
@@ -744,10 +591,10 @@ class ApprovalStore:
 
 
 _EXPLAIN_APPROVAL = {
-    t: GET.add_columns(*_facts(t)) for t in TRANSITIONS if t.subject != Subject.TURN
+    t: GET.add_columns(*facts(t)) for t in TRANSITIONS if t.subject != Subject.TURN
 }
 _EXPLAIN_TURN = {
-    t: sa.select(*_facts(t)).where(T.c.id == sa.bindparam("row_id"))
+    t: sa.select(*facts(t)).where(T.c.id == sa.bindparam("row_id"))
     for t in TRANSITIONS
     if t.subject == Subject.TURN
 }

@@ -1,8 +1,8 @@
 """The approval lifecycle: every state, every allowed transition, what each requires and records.
 
 This file is the whole exactly-once design; it needs no database to read. Storage
-(storage/approval_store.py) builds each transition's conditional write from TRANSITIONS,
-so the conditions live here and nowhere else.
+builds each transition's conditional write from TRANSITIONS (storage/transitions.py) and
+runs it (storage/approval_store.py), so the conditions live here and nowhere else.
 
 States
     approval   pending -> approved | denied | expired      decided once, never changed
@@ -44,9 +44,10 @@ A conversation (a Slack thread) is held by one turn at a time: storage claims th
 for a turn (busy until it ends, or until its time runs out) and keeps it while that turn
 waits on approvals, so a second message never forks the agent's session.
 
-Adding a state (quorum, escalation, an answered question, an edited approval) is a change
-to the enums and TRANSITIONS below: storage derives its writes from them, and a new
-Requirement needs its SQL in storage's REQUIREMENTS (a test says so if it is missing).
+Adding a state (an answered question, an edited approval) is a change to the enums and
+TRANSITIONS below, as the quorum, the card's outbox, reminders and escalation were:
+storage derives its writes from them, and a new Requirement needs its SQL in
+storage/transitions.py's REQUIREMENTS (a test says so if it is missing).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from storage import approval_store
+from storage import transitions
 from storage.approval_store import ApprovalStore
 from storage.db import SessionFactory, make_session_factory
 from storage.lifecycle import (
@@ -156,8 +156,8 @@ def db(any_engine: AsyncEngine, team: str) -> Db:
 
 
 def test_every_requirement_and_subject_has_its_sql() -> None:
-    assert set(approval_store.REQUIREMENTS) == set(Requirement)
-    assert set(approval_store.STATE_COLUMN) == set(Subject)
+    assert set(transitions.REQUIREMENTS) == set(Requirement)
+    assert set(transitions.STATE_COLUMN) == set(Subject)
 
 
 def expected(transition: Transition, state: State, holds: dict[Requirement, bool]) -> State | None:
