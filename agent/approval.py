@@ -3,7 +3,8 @@
 Genkit re-creates middleware from its config on every generate call, so dependencies are
 closed over by a class built per application (`approval_middleware`), not passed to
 `__init__`. Per-turn facts (which workspace, who asked) travel in a ContextVar, since
-Genkit calls the middleware with no handle of ours.
+Genkit calls the middleware with no handle of ours. The model's last request is kept on
+that scope too: what led to a call (agent/context.py) is read off it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, assert_never
 
-from genkit import Part
+from genkit import Message, Part
 from genkit._ai._tools import Interrupt
 from genkit.middleware import (
     BaseMiddleware,
@@ -30,10 +31,11 @@ from genkit.middleware import (
 from genkit.model import ModelResponse
 from pydantic import BaseModel, ValidationError
 
+from agent.context import as_provenance, call_context
 from agent.policy import Policy, PolicyService
 from agent.runtime import Preview
 from storage.approval_store import ApprovalStore
-from storage.lifecycle import Approval, Approved, Finished, IllegalTransition, Started
+from storage.lifecycle import Approval, Approved, Context, Finished, IllegalTransition, Started
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +56,17 @@ class TurnScope:
     participants: tuple[str, ...] = ()
     # A resume's approvals, as claimed: the only ones a restart of this turn may carry.
     approvals: Mapping[str, Approval] = field(default_factory=dict)
-    # The policy of each call this turn made (by its ref), rules applied, as read when the
-    # call was made: pausing needs no second read.
-    calls: dict[str, Policy] = field(default_factory=dict)
+    # Each call this turn made (by its ref): its policy, rules applied, as read when the
+    # call was made, and what led to it. Pausing needs no second read.
+    calls: dict[str, Called] = field(default_factory=dict)
+    # The conversation as the model last saw it, its answer included.
+    conversation: list[Message] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Called:
+    policy: Policy
+    context: Context
 
 
 current_scope: ContextVar[TurnScope | None] = ContextVar("greenlight_turn", default=None)
@@ -161,6 +171,8 @@ def approval_middleware(
             async with outside():
                 response = await next_fn(params, ctx)
             stamp_refs(response, new_id)
+            if (scope := current_scope.get()) is not None and response.message is not None:
+                scope.conversation[:] = [*params.request.messages, response.message]
             return response
 
         async def wrap_tool(
@@ -185,9 +197,14 @@ def approval_middleware(
                 # Approval metadata with no recorded approval behind it is not trusted.
             request = params.tool_request_part.tool_request
             args = request.input if request else None
-            policy = (await policies.get(scope.team_id, tool)).for_call(args, scope.requester)
-            if request is not None and request.ref:
-                scope.calls[request.ref] = policy
+            ref = request.ref if request else None
+            policy = await policies.get(scope.team_id, tool)
+            # What led to the call is traced only when a rule may read it or a human will.
+            context = None
+            if policy.rules and not policy.allowed:
+                context = call_context(scope.conversation, ref, args)
+            sources = context.sources if context else {}
+            policy = policy.for_call(args, scope.requester, as_provenance(args, sources))
             if policy.allowed:
                 async with outside():
                     return await next_fn(params, ctx)
@@ -195,6 +212,9 @@ def approval_middleware(
                 # An approver never sees (and never approves) a call that cannot run.
                 log.info("invalid input for %s; no approval asked: %s", tool, problem)
                 return MultipartToolResponse(output={"ok": False, "error": problem})
+            if ref:
+                context = context or call_context(scope.conversation, ref, args)
+                scope.calls[ref] = Called(policy, context)
             shown = await preview(tool, args)
             raise Interrupt({"why": policy.why, "preview": shown})
 

@@ -17,7 +17,9 @@ from typing import Any, Literal
 
 import cel
 
+from agent.context import as_provenance
 from agent.policy_file import PolicyFile, compiled
+from storage.lifecycle import Request
 from storage.policies import PolicyStore, StoredPolicy
 
 POLICY_FILE_ACTOR = "policy-file"  # who the audit trail says changed what the file sets
@@ -134,14 +136,26 @@ class Policy:
             base += f"; it needs {self.approvals} approvers"
         return f"{base}; {self.note}" if self.note else base
 
-    def for_call(self, args: Any, requester: str) -> Policy:
+    def for_request(self, r: Request) -> Policy:
+        """`for_call` of a recorded request, with the provenance recorded with it."""
+        return self.for_call(r.input, r.requester, as_provenance(r.input, r.context.sources))
+
+    def for_call(self, args: Any, requester: str, provenance: Any = None) -> Policy:
         """The policy of one call: the first rule it matches applied (no rule applies to a
         tool an admin allowed outright). A rule that cannot be evaluated stops there: the
-        call needs approval, and `note` says which rule and why."""
+        call needs approval, and `note` says which rule and why. `provenance`: where each
+        argument came from (agent/context.py), for rules that ask."""
         if self.allowed or not self.rules:
             return replace(self, rules=())
         # Converted to CEL once for every rule: a twentieth of the cost of once per rule.
-        call = cel.Context({"args": args, "tool": self.tool, "requester": requester})
+        call = cel.Context(
+            {
+                "args": args,
+                "tool": self.tool,
+                "requester": requester,
+                "provenance": provenance or {},
+            }
+        )
         for number, rule in enumerate(self.rules, 1):
             try:
                 hit = rule.matches(call)

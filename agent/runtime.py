@@ -42,6 +42,7 @@ Preview = Callable[[dict[str, Any]], Awaitable[str]]
 class AgentRuntime:
     ai: Genkit
     agent: Agent[Any]
+    sessions: SessionStore[Any]  # the agent's, to show an approver the conversation
     tools: dict[str, str] = field(default_factory=dict)  # name -> description, for cards
 
 
@@ -106,4 +107,5 @@ def build_runtime(
         store=store,
     )
     previews.update(loaded.previews)
-    return AgentRuntime(ai=ai, agent=agent, tools={t.name: t.description for t in loaded.tools})
+    tools = {t.name: t.description for t in loaded.tools}
+    return AgentRuntime(ai=ai, agent=agent, sessions=store, tools=tools)

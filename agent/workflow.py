@@ -12,14 +12,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, assert_never
 
 from genkit import Part
-from genkit.exp import AgentChat, AgentFinishReason, AgentInterrupt, AgentResponse
+from genkit.exp import AgentChat, AgentFinishReason, AgentInput, AgentInterrupt, AgentResponse
 
 from agent.approval import TurnScope, current_scope, interrupt_note, recorded
+from agent.context import Line, conversation_lines, human_message
 from agent.policy import ApproverFacts, Policy, PolicyService, Refusal, refusal
 from agent.runtime import AgentRuntime
 from storage.approval_store import ApprovalStore
@@ -35,22 +36,27 @@ from storage.lifecycle import (
     Card as Card,
     CardState as CardState,
     Claim,
+    Context as Context,
     Denied as Denied,
     EscalationState,
     Expired as Expired,
     Finished as Finished,
     FollowUp,
+    History as History,
     IllegalTransition,
     NotStarted as NotStarted,
     PausedTurn,
     ReminderState,
     Request as Request,
     Requirement,
+    Said as Said,
+    Source as Source,
     Started as Started,
     Thread as Thread,
     Transition,
     Vote as Vote,
 )
+from storage.policies import StoredPolicy
 from storage.session_store import current_team
 
 log = logging.getLogger(__name__)
@@ -59,6 +65,7 @@ MAX_RESUME_ATTEMPTS = 3
 RETRY_DELAY = timedelta(seconds=30)
 CARD_GRACE = timedelta(minutes=1)
 EVENTS_KEPT = timedelta(days=1)  # Slack retries for minutes, not days
+HISTORY_DAYS = 30  # how far back a card counts the requester's earlier requests
 TextSink = Callable[[str], Awaitable[None]]
 Facts = ApproverFacts | Callable[[Approval, Policy], Awaitable[ApproverFacts]]
 
@@ -196,8 +203,14 @@ class Workflow:
         if held is None:
             return Busy(thread, await self._store.waiting_on(thread))
         scope = TurnScope(thread.team_id, requester, participants=held.participants)
+        message = human_message(text, by=requester, at=now)
         try:
-            out = await self._run(scope, held.snapshot_id, on_text, lambda c: c.send_stream(text))
+            out = await self._run(
+                scope,
+                held.snapshot_id,
+                on_text,
+                lambda c: c.send_stream(AgentInput(message=message)),
+            )
         except Exception:
             log.exception("turn failed in conversation %s", held.conversation_id)
             await self._store.release_thread(held.conversation_id, snapshot_id=None)
@@ -271,21 +284,47 @@ class Workflow:
         approval = await self._expire_if_overdue(found[0])
         if approval.decision is not None:
             raise DecisionRefused("already_decided", approval)
+        await self._check_eligible(approval, found[1], approver, facts)
+        return approval
+
+    async def conversation(
+        self, team_id: str, approval_id: str, viewer: str, facts: Facts
+    ) -> tuple[Approval, list[Line]]:
+        """The conversation that led to a request, as the agent had it when the turn paused,
+        for someone who may decide it (before or after it was decided); audited."""
+        found = await self._store.decidable(team_id, approval_id)
+        if found is None:
+            raise DecisionRefused("not_found")
+        approval = found[0]
+        await self._check_eligible(approval, found[1], viewer, facts)
+        messages = []
+        if snapshot_id := await self._store.paused_snapshot(approval):
+            snapshot = await self._runtime.sessions.get_snapshot(
+                snapshot_id=snapshot_id, context={"team_id": team_id}
+            )
+            if snapshot is not None and snapshot.state is not None:
+                messages = snapshot.state.messages or []
+        await self._store.note_viewed(approval, by=viewer, now=self._clock())
+        return approval, conversation_lines(messages)
+
+    async def _check_eligible(
+        self, approval: Approval, stored: StoredPolicy | None, person: str, facts: Facts
+    ) -> None:
+        """DecisionRefused unless `person` may decide this request (agent/policy.py)."""
         r = approval.request
-        policy = self._policies.of(r.tool, found[1]).for_call(r.input, r.requester)
+        policy = self._policies.of(r.tool, stored).for_request(r)
         if callable(facts):
             facts = await facts(approval, policy)
         why = refusal(
             policy,
             requester=r.requester,
             participants=r.participants,
-            approver=approver,
+            approver=person,
             facts=facts,
             escalated=approval.escalated,
         )
         if why is not None:
             raise DecisionRefused(why, approval)
-        return approval
 
     async def decide(
         self,
@@ -362,9 +401,7 @@ class Workflow:
                 except IllegalTransition:  # another replica did it, or it was decided
                     continue
                 r = taken.request
-                policy = (await self._policies.get(taken.thread.team_id, r.tool)).for_call(
-                    r.input, r.requester
-                )
+                policy = (await self._policies.get(taken.thread.team_id, r.tool)).for_request(r)
                 owed.append(Due(taken, policy))
         return FollowUps(tuple(done[REMIND]), tuple(done[ESCALATE]))
 
@@ -443,11 +480,22 @@ class Workflow:
             for p in (out.message.content if out.message else [])
             if p.tool_request is not None
         }
+        tools = list(dict.fromkeys(intr.name for intr in out.interrupts))
+        history = await self._store.history(
+            scope.team_id,
+            scope.requester,
+            tools,
+            since=now - timedelta(days=HISTORY_DAYS),
+            days=HISTORY_DAYS,
+        )
         approvals = []
         for intr in out.interrupts:
-            policy = scope.calls.get(intr.ref or "") or (
-                await self._policies.get(scope.team_id, intr.name)
-            ).for_call(intr.input, scope.requester)
+            called = scope.calls.get(intr.ref or "")
+            if called is not None:
+                policy, context = called.policy, called.context
+            else:  # interrupted by the tool itself, or by a restart the gate refused
+                stored = await self._policies.get(scope.team_id, intr.name)
+                policy, context = stored.for_call(intr.input, scope.requester), Context()
             note = notes.get(intr.ref, {})
             preview = note.get("preview")
             request = Request(
@@ -461,6 +509,7 @@ class Workflow:
                 participants=scope.participants,
                 preview=preview if isinstance(preview, str) else None,
                 approvals_needed=policy.approvals,
+                context=replace(context, history=history[intr.name]),
             )
             card = Card(policy.channel) if policy.channel else None
             reminder = escalation = None

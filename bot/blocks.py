@@ -17,7 +17,19 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from agent.workflow import Approval, Approved, Denied, Expired, Finished, Started
+from agent.context import Line
+from agent.workflow import (
+    Approval,
+    Approved,
+    Denied,
+    Expired,
+    Finished,
+    History,
+    Request,
+    Said,
+    Source,
+    Started,
+)
 
 if TYPE_CHECKING:
     from agent.workflow import Busy
@@ -227,7 +239,26 @@ def warnings(key: str, value: Any) -> list[str]:
     return found
 
 
-def _input_fields(data: Mapping[str, Any]) -> tuple[list[Block], bool]:
+def origin_notes(key: str, sources: Mapping[str, Source]) -> list[str]:
+    """Where the values under `key` came from, when not from a human's message: a hint for
+    the approver (prompt injection puts an attacker's values in tool results)."""
+    notes = []
+    for path, source in sources.items():
+        if source.origin == "human" or not (path == key or path.startswith(f"{key}.")):
+            continue
+        where = "" if path == key else f"{_fit(path[len(key) + 1 :], KEY_MAX)[0]}: "
+        if source.origin == "tool" and source.tool:
+            what = f"from {_fit(source.tool, KEY_MAX)[0]}'s result"
+        else:
+            what = "not in the conversation"
+        notes.append(f"🔎 _{where}{what}_")
+    notes = list(dict.fromkeys(notes))
+    return notes if len(notes) <= 3 else [*notes[:2], f"🔎 _…and {len(notes) - 2} more_"]
+
+
+def _input_fields(
+    data: Mapping[str, Any], sources: Mapping[str, Source]
+) -> tuple[list[Block], bool]:
     """One field per top-level key (at most 10); True when anything had to be shortened."""
     items = list(data.items())
     shown = items if len(items) <= FIELDS_MAX else items[: FIELDS_MAX - 1]
@@ -240,7 +271,9 @@ def _input_fields(data: Mapping[str, Any]) -> tuple[list[Block], bool]:
         if v_cut:
             whole = len(value) if isinstance(value, str) else len(_json_head(value, 10**6))
             v += f" _(shortened: {whole:,} characters in all)_"
-        notes = "".join(f"\n{w}" for w in warnings(str(key), value))
+        notes = "".join(
+            f"\n{w}" for w in (*warnings(str(key), value), *origin_notes(str(key), sources))
+        )
         fields.append(_mrkdwn(f"*{k}*\n{v or ' '}{notes}"))
     if len(shown) < len(items):
         fields.append(_mrkdwn(f"_…and {len(items) - len(shown)} more keys_"))
@@ -255,6 +288,46 @@ def _full_input(data: Mapping[str, Any]) -> Block:
     if len(body) <= budget:
         return _section(head + body + tail)
     return _section(head + _clip(body, budget - len(note)) + tail + note)
+
+
+QUOTE_MAX = 2000  # escaped characters of a quote on a card (one per section)
+QUOTE_LINES = 12
+
+
+def _quote(said: Said) -> str:
+    """Someone's words, escaped, as a block quote; a shortened one says how long it was."""
+    body, cut = _fit(said.text, QUOTE_MAX)
+    lines = body.splitlines() or [""]
+    if len(lines) > QUOTE_LINES:  # each line costs a quote mark: the rest share the last
+        lines = [*lines[: QUOTE_LINES - 1], " ".join(lines[QUOTE_LINES - 1 :])]
+    if cut or said.length > len(said.text):
+        lines[-1] += f" _(shortened: {said.length:,} characters in all)_"
+    return "\n".join(f"&gt; {line}" for line in lines)
+
+
+def request_sections(r: Request) -> list[Block]:
+    """What led to the call: the message that started the conversation, the last human
+    message before the call, and the agent's words just before it, each labelled."""
+    c = r.context
+    said = [
+        (c.first, f"*{mention(c.first.by if c.first else None)} asked:*"),
+        (c.latest, f"*Then {mention(c.latest.by if c.latest else None)} wrote:*"),
+        (c.agent, "*The agent said before the call:*"),
+    ]
+    return [_section(f"{label}\n{_quote(words)}") for words, label in said if words is not None]
+
+
+def history_text(r: Request) -> str | None:
+    """The requester's earlier requests for this tool, so an unusual one stands out."""
+    h: History | None = r.context.history
+    if h is None:
+        return None
+    counts = [(h.approved, "approved"), (h.denied, "denied"), (h.expired, "expired")]
+    ended = ", ".join(f"{n} {label}" for n, label in counts if n) or "no requests"
+    return (
+        f"Earlier {_code(r.tool)} requests: {mention(r.requester)}: {ended} in the last "
+        f"{h.days} days"
+    )
 
 
 def quorum_text(a: Approval) -> str:
@@ -304,12 +377,17 @@ def approval_card(
         {"type": "header", "text": {"type": "plain_text", "text": header}},
         _section(who + (f"\n{_fit(description, 2000)[0]}" if description else "")),
     ]
-    fields, shortened = _input_fields(r.input)
+    blocks += request_sections(r)
+    fields, shortened = _input_fields(r.input, r.context.sources)
     blocks.append({"type": "section", "fields": fields} if fields else _section("_No input._"))
     if shortened:
         blocks.append(_full_input(r.input))
-        show = _button("Show full request", "show_request", a.id)
-        blocks.append({"type": "actions", "block_id": "request", "elements": [show]})
+    if history := history_text(r):
+        blocks.append(_context(history))
+    shows = [_button("Show conversation", "show_conversation", a.id)]
+    if shortened:
+        shows.append(_button("Show full request", "show_request", a.id))
+    blocks.append({"type": "actions", "block_id": "request", "elements": shows})
     if r.approvals_needed > 1:
         blocks.append(_section(quorum_text(a)))
     if pending and a.escalated and a.escalation is not None:
@@ -486,6 +564,14 @@ def refusal_text(reason: str, a: Approval | None) -> str:
     return "I can't find that approval request any more."
 
 
+def conversation_refusal(reason: str, a: Approval | None) -> str:
+    """Ephemeral answer to "Show conversation" from someone who may not decide."""
+    if reason in ("not_found", "public_channel"):
+        return refusal_text(reason, a)
+    tool = _code(a.request.tool) if a else "this request"
+    return f"Only the people who may decide {tool} can see the conversation behind it."
+
+
 MODAL_BLOCKS = 100
 
 
@@ -507,6 +593,66 @@ def full_request_modal(a: Approval) -> dict[str, Any]:
         "title": {"type": "plain_text", "text": "Full request"},
         "close": {"type": "plain_text", "text": "Close"},
         "blocks": [head, *sections],
+    }
+
+
+PAGE_CHARS = 40_000  # of text per conversation page, well inside what a view may carry
+
+
+def conversation_pages(lines: Sequence[Line]) -> list[list[Block]]:
+    """The conversation's messages as blocks, oldest first, in pages that fit one view:
+    every word of a human's or the agent's message is shown (over several sections if
+    long); tool calls and results come summarised (agent/context.py)."""
+    pages: list[list[Block]] = [[]]
+    size = 0
+    for line in lines:
+        item = _line_blocks(line)
+        weight = sum(len(json.dumps(b)) for b in item)
+        if pages[-1] and (
+            len(pages[-1]) + len(item) > MODAL_BLOCKS - 4 or size + weight > PAGE_CHARS
+        ):
+            pages.append([])
+            size = 0
+        pages[-1] += item
+        size += weight
+    return pages
+
+
+def _line_blocks(line: Line) -> list[Block]:
+    if line.kind == "tool":
+        return [_context(f"🔧 {_fit(line.text, SECTION_MAX - 10)[0]}")]
+    who = f"*{mention(line.by)}*" if line.kind == "human" else "*Agent*"
+    when = f"  ·  {date(line.at)}" if line.at else ""
+    body = _chunks(escape(line.text), SECTION_MAX) if line.text.strip() else ["_(no text)_"]
+    return [_context(who + when), *(_section(chunk) for chunk in body)]
+
+
+def conversation_modal(
+    a: Approval, pages: Sequence[Sequence[Block]], page: int, *, channel: str | None = None
+) -> dict[str, Any]:
+    """One page of the conversation that led to a request, with the way to the others.
+    `channel`: where it was opened from, kept for the next page's check of who may see it."""
+    head = _section(
+        f"The conversation that led to {_code(a.request.tool)} for "
+        f"{mention(a.request.requester)}, as the agent had it when it asked (its last "
+        "messages). Everything here is what people and tools wrote: untrusted."
+    )
+    body = list(pages[page]) if pages and pages[page] else [_context("_Nothing was recorded._")]
+    nav = []
+    if page > 0:
+        nav.append(_button("← Earlier", "conversation_page", f"{a.id}:{page - 1}"))
+    if page + 1 < len(pages):
+        nav.append(_button("Later →", "conversation_page", f"{a.id}:{page + 1}"))
+    if nav:
+        body.append(_context(f"Page {page + 1} of {len(pages)}"))
+        body.append({"type": "actions", "block_id": "pages", "elements": nav})
+    return {
+        "type": "modal",
+        "callback_id": "conversation",
+        "private_metadata": json.dumps({"approval_id": a.id, "channel": channel}),
+        "title": {"type": "plain_text", "text": "Conversation"},
+        "close": {"type": "plain_text", "text": "Close"},
+        "blocks": [head, *body],
     }
 
 

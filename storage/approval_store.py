@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any, cast
 
 import sqlalchemy as sa
+from pydantic import TypeAdapter
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -55,6 +56,7 @@ from storage.lifecycle import (
     Card,
     CardState,
     Claim,
+    Context,
     Decision,
     Denied,
     EscalationState,
@@ -63,6 +65,7 @@ from storage.lifecycle import (
     Expired,
     Finished,
     FollowUp,
+    History,
     IllegalTransition,
     NotStarted,
     PausedTurn,
@@ -121,6 +124,21 @@ _THREAD = sa.and_(
 _OPEN = T.c.state.in_(OPEN_TURN)
 WAITING_ON = _LOCATED.where(_THREAD, _OPEN)
 KNOWN = sa.select(C.c.id).where(_THREAD)
+# A requester's earlier requests for some tools, by how they ended.
+HISTORY = (
+    sa.select(A.c.tool, A.c.status, sa.func.count())
+    .where(
+        _TEAM,
+        A.c.requester == sa.bindparam("requester"),
+        A.c.tool.in_(sa.bindparam("tools", expanding=True)),
+        A.c.requested_at >= sa.bindparam("since"),
+        A.c.status != ApprovalState.PENDING,
+    )
+    .group_by(A.c.tool, A.c.status)
+)
+SNAPSHOT_OF_TURN = sa.select(T.c.snapshot_id).where(T.c.id == sa.bindparam("turn"))
+# A request's context as JSON and back (validated: the column is only as good as its reader).
+CONTEXT = TypeAdapter(Context)
 
 
 NOTE = NewRow(audit.TABLE, "audit_")  # a transition's audit row
@@ -589,6 +607,35 @@ class ApprovalStore:
         async with autocommit(self._sessions) as db:
             return await audit.recent(db, team_id, tool=tool, limit=limit)
 
+    async def history(
+        self, team_id: str, requester: str, tools: Sequence[str], *, since: datetime, days: int
+    ) -> dict[str, History]:
+        """How each tool's earlier requests by `requester` since `since` ended, in one query."""
+        params = {"team": team_id, "requester": requester, "tools": list(tools), "since": since}
+        counts: dict[str, dict[str, int]] = {tool: {} for tool in tools}
+        async with autocommit(self._sessions) as db:
+            for tool, status, n in await db.execute(HISTORY, params):
+                counts[tool][ApprovalState(status).value] = n
+        return {tool: History(**c, days=days) for tool, c in counts.items()}
+
+    async def paused_snapshot(self, approval: Approval) -> str | None:
+        """The agent's session as it was when the turn paused on this approval."""
+        async with autocommit(self._sessions) as db:
+            return await db.scalar(SNAPSHOT_OF_TURN, {"turn": approval.turn_id})
+
+    async def note_viewed(self, approval: Approval, *, by: str, now: datetime) -> None:
+        """Audit that `by` saw the conversation behind this request."""
+        event = audit.entry(
+            team_id=approval.thread.team_id,
+            at=now,
+            actor=by,
+            action="conversation_viewed",
+            tool=approval.request.tool,
+            approval_id=approval.id,
+        )
+        async with autocommit(self._sessions) as db:
+            await db.execute(audit.INSERT, event)
+
 
 _EXPLAIN_APPROVAL = {
     t: GET.add_columns(*facts(t)) for t in TRANSITIONS if t.subject != Subject.TURN
@@ -712,6 +759,7 @@ def _approval(row: Mapping[Any, Any], thread: Thread) -> Approval:
         participants=tuple(row["participants"]),
         preview=row["preview"],
         approvals_needed=row["approvals_needed"],
+        context=Context() if row["context"] is None else CONTEXT.validate_python(row["context"]),
     )
     channel = row["card_channel"]
     card = None if channel is None else Card(channel, row["card_ts"], CardState(row["card_state"]))
@@ -778,6 +826,7 @@ def _columns(approval: Approval) -> dict[str, Any]:
         "why": r.why,
         "participants": list(r.participants),
         "preview": r.preview,
+        "context": CONTEXT.dump_python(r.context, mode="json", exclude_defaults=True) or None,
         "status": REQUEST.enters,
         "decided_by": None,
         "decided_at": None,

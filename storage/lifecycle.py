@@ -323,6 +323,50 @@ class Vote:
     at: datetime
 
 
+Origin = Literal["human", "tool", "model"]
+
+
+@dataclass(frozen=True)
+class Said:
+    """A human's message of the conversation, as an approver is shown it."""
+
+    text: str  # the first SAID_MAX characters (agent/context.py)
+    length: int  # of the whole message
+    by: str | None = None  # who wrote it (a Slack user id), when known
+    at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an argument's value was found: in a human's message, in a tool's result
+    (`tool` names which), or nowhere before the call (the model's own)."""
+
+    origin: Origin
+    tool: str | None = None
+
+
+@dataclass(frozen=True)
+class History:
+    """The requester's earlier requests for the same tool, by how they ended."""
+
+    approved: int = 0
+    denied: int = 0
+    expired: int = 0
+    days: int = 30
+
+
+@dataclass(frozen=True)
+class Context:
+    """What led to a call, recorded with its request (an approver decides on this)."""
+
+    first: Said | None = None  # the message that started the conversation
+    latest: Said | None = None  # the last human message before the call, if another
+    agent: Said | None = None  # the agent's own words just before the call
+    # Per argument value (by path: "toAccount", "items.0.sku"), where it came from.
+    sources: Mapping[str, Source] = field(default_factory=dict)
+    history: History | None = None
+
+
 @dataclass(frozen=True)
 class Request:
     """What the agent asked to run, for whom, why, and until when a human may decide."""
@@ -340,6 +384,7 @@ class Request:
     # long, None when the tool has none.
     preview: str | None = None
     approvals_needed: int = 1  # distinct approvers (a quorum)
+    context: Context = Context()
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,7 @@ class ApprovalRow(Base):
     # The conversation's participants when the call was made (the requester among them).
     participants: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'"))
     preview: Mapped[str | None] = mapped_column(Text)  # see storage/lifecycle.py Request
+    context: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # what led to the call
     status: Mapped[ApprovalState] = mapped_column(_enum(ApprovalState))
     decided_by: Mapped[str | None] = mapped_column(String(32))
     decided_at: Mapped[datetime | None]
@@ -171,6 +172,7 @@ class ApprovalRow(Base):
     __table_args__ = (
         Index("ix_approvals_status_expiry", "status", "expires_at"),
         Index("ix_approvals_follow_ups", "status", "remind_at", "escalate_at"),
+        Index("ix_approvals_requester", "team_id", "requester", "tool", "requested_at"),
     )
 
 

@@ -1,4 +1,4 @@
-"""Approve and Deny buttons on approval cards."""
+"""The buttons of approval cards: Approve, Deny, and what an approver may look at first."""
 
 from __future__ import annotations
 
@@ -157,7 +157,76 @@ async def on_show_request(
     await client.views_open(trigger_id=trigger, view=blocks.full_request_modal(approval))
 
 
+async def on_show_conversation(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+) -> None:
+    """The conversation that led to a request, in a modal, for those who may decide it."""
+    await ack()
+    parsed = clicked(body)
+    trigger = body.get("trigger_id")
+    if parsed is None or not isinstance(trigger, str) or await too_fast(deps, client, parsed):
+        return
+    view = await conversation_view(deps, client, parsed, page=0)
+    if view is not None:
+        await client.views_open(trigger_id=trigger, view=view)
+
+
+async def on_conversation_page(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+) -> None:
+    """Another page of that conversation, in the same modal (checked again: pages are
+    not a way around who may see it)."""
+    await ack()
+    parsed, actions = in_modal(body), body.get("actions")
+    value = actions[0].get("value") if isinstance(actions, list) and actions else None
+    view_id = obj(body.get("view")).get("id")
+    approval_id, _, page = str(value).rpartition(":")
+    if parsed is None or parsed[3] != approval_id or not page.isdigit():
+        return
+    view = await conversation_view(deps, client, parsed, page=int(page))
+    if view is not None and isinstance(view_id, str):
+        await client.views_update(view_id=view_id, view=view)
+
+
+def in_modal(body: dict[str, Any]) -> tuple[str, str, str | None, str] | None:
+    """(team, user, channel, approval id) of an action in, or the submission of, one of our
+    modals: the approval and the channel it was opened from are in its private_metadata,
+    which only we write."""
+    view = obj(body.get("view"))
+    user = obj(body.get("user")).get("id")
+    team = obj(body.get("team")).get("id") or obj(body.get("user")).get("team_id")
+    try:
+        meta = obj(json.loads(view.get("private_metadata") or ""))
+    except (TypeError, ValueError):
+        return None
+    approval_id, channel = meta.get("approval_id"), meta.get("channel")
+    if not (slack_id(user) and slack_id(team) and isinstance(approval_id, str)):
+        return None
+    if not APPROVAL_ID.match(approval_id) or not (channel is None or slack_id(channel)):
+        return None
+    return team, user, channel, approval_id
+
+
+async def conversation_view(
+    deps: Deps, client: AsyncWebClient, parsed: tuple[str, str, str | None, str], *, page: int
+) -> dict[str, Any] | None:
+    """The modal's page `page`, or None (and the person told why) if they may not see it."""
+    team, user, channel, approval_id = parsed
+    facts = facts_for(deps, client, user, channel)
+    try:
+        approval, lines = await deps.workflow.conversation(team, approval_id, user, facts)
+    except DecisionRefused as refusal:
+        await tell(
+            client, user, channel, blocks.conversation_refusal(refusal.reason, refusal.approval)
+        )
+        return None
+    pages = blocks.conversation_pages(lines)
+    return blocks.conversation_modal(approval, pages, min(page, len(pages) - 1), channel=channel)
+
+
 def register(app: AsyncApp) -> None:
     app.action("approve")(on_approve)
     app.action("deny")(on_deny)
     app.action("show_request")(on_show_request)
+    app.action("show_conversation")(on_show_conversation)
+    app.action("conversation_page")(on_conversation_page)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from slack_bolt.async_app import AsyncAck, AsyncApp
@@ -11,29 +10,19 @@ from slack_sdk.web.async_client import AsyncWebClient
 from agent.workflow import DecisionRefused
 from bot import blocks
 from bot.deps import Deps
-from bot.listeners.actions import APPROVAL_ID, facts_for, resume_when_ready
-from bot.listeners.fields import obj, slack_id
+from bot.listeners.actions import facts_for, in_modal, resume_when_ready
+from bot.listeners.fields import obj
 
 MAX_REASON = 500
 
 
 def submitted(body: dict[str, Any]) -> tuple[str, str, str | None, str, str | None] | None:
     """(team, user, channel, approval id, reason) from a view_submission, or None."""
-    view = obj(body.get("view"))
-    user = obj(body.get("user")).get("id")
-    team = obj(body.get("team")).get("id") or obj(body.get("user")).get("team_id")
-    try:
-        meta = json.loads(view.get("private_metadata") or "")
-    except (TypeError, ValueError):
+    opened = in_modal(body)
+    if opened is None:
         return None
-    if not isinstance(meta, dict):
-        return None
-    approval_id, channel = meta.get("approval_id"), meta.get("channel")
-    if not (slack_id(user) and slack_id(team) and isinstance(approval_id, str)):
-        return None
-    if not APPROVAL_ID.match(approval_id) or not (channel is None or slack_id(channel)):
-        return None
-    field = obj(obj(obj(view.get("state")).get("values")).get("reason"))
+    team, user, channel, approval_id = opened
+    field = obj(obj(obj(obj(body.get("view")).get("state")).get("values")).get("reason"))
     reason = obj(field.get("reason")).get("value")
     if isinstance(reason, str):  # free text; PostgreSQL stores no NUL
         reason = reason.replace("\x00", "").strip()[:MAX_REASON] or None

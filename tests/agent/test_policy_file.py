@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -122,3 +123,21 @@ def test_a_rule_that_cannot_be_evaluated_means_approval_and_says_which() -> None
 def test_an_allowed_tool_skips_its_rules() -> None:
     allowed = replace(POLICY, allowed=True).for_call({"amount": 500.5}, "UASK")
     assert allowed.allowed and allowed.note is None
+
+
+def test_the_readmes_example_is_a_policy_file_that_loads_and_holds_injected_values(
+    tmp_path: Path,
+) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    match = re.search(r"```yaml\n(# policy\.yml.*?)```", readme, re.S)
+    assert match is not None
+    path = write(tmp_path, match.group(1))
+    policy = load(path)
+    check_tools(path, policy, ["transferMoney", "getBalance", "exportData"])
+    rules = from_file("transferMoney", policy)["rules"]
+    stored = tuple(Rule.from_stored(r) for r in rules)
+    transfer = Policy("transferMoney", allowed=False, channel=None, rules=stored)
+    small = {"amount": 50, "toAccount": "12345"}
+    assert transfer.for_call(small, "U1", {"amount": "human", "toAccount": "human"}).allowed
+    injected = transfer.for_call(small, "U1", {"amount": "human", "toAccount": "tool"})
+    assert not injected.allowed and injected.approvals == 2

@@ -14,16 +14,21 @@ import pytest
 from slack_sdk.models.blocks import Block
 from slack_sdk.models.views import View
 
+from agent.context import Line
 from agent.workflow import (
     Approval,
     Approved,
     Busy,
     Card,
+    Context,
     Denied,
     Expired,
     Finished,
+    History,
     NotStarted,
     Request,
+    Said,
+    Source,
     Started,
     Thread,
 )
@@ -164,8 +169,9 @@ def test_pending_card_layout() -> None:
     fields = next(b["fields"] for b in card["blocks"] if "fields" in b)
     assert [f["text"] for f in fields] == ["*to*\nACME", "*amount*\n12"]
     actions = [b for b in card["blocks"] if b["type"] == "actions"]
-    assert len(actions) == 1 and actions[0]["block_id"] == "approval"
-    buttons = actions[0]["elements"]
+    assert [a["block_id"] for a in actions] == ["request", "approval"]
+    assert [b["action_id"] for b in actions[0]["elements"]] == ["show_conversation"]
+    buttons = actions[1]["elements"]
     assert [(b["action_id"], b["value"], b["style"]) for b in buttons] == [
         ("approve", "ap-1", "primary"),
         ("deny", "ap-1", "danger"),
@@ -235,7 +241,7 @@ def test_decided_states_have_no_buttons() -> None:
     for status, start in cases.items():
         card = render(decided(status, reason="too pricey"))
         validate(card)
-        assert all(b["type"] != "actions" for b in card["blocks"])
+        assert all(b.get("block_id") != "approval" for b in card["blocks"])
         last = card["blocks"][-1]["text"]["text"]
         assert last.startswith(start), last
     denied = render(decided("denied", reason="too pricey"))
@@ -408,8 +414,10 @@ def test_the_full_request_shows_every_character_of_a_shortened_card() -> None:
     padded = {"toAccount": "12345" + " " * 4000 + "99999", "memo": "1234\u202e98765"}
     card = render(info(input=padded))
     (show,) = [b for b in card["blocks"] if b.get("block_id") == "request"]
-    assert show["elements"][0]["action_id"] == "show_request"
-    assert show["elements"][0]["value"] == "ap-1"
+    assert [(e["action_id"], e["value"]) for e in show["elements"]] == [
+        ("show_conversation", "ap-1"),
+        ("show_request", "ap-1"),
+    ]
     assert "99999" not in json.dumps(card)  # the card alone never showed it
     modal = blocks.full_request_modal(info(input=padded))
     View(**modal).validate_json()
@@ -420,4 +428,50 @@ def test_the_full_request_shows_every_character_of_a_shortened_card() -> None:
     View(**huge).validate_json()
     assert len(huge["blocks"]) == blocks.MODAL_BLOCKS
     assert "more characters, too many for one Slack view" in json.dumps(huge["blocks"][-1])
-    assert all(b.get("block_id") != "request" for b in render(info())["blocks"])  # nothing cut
+    assert "show_request" not in json.dumps(render(info()))  # nothing was cut
+
+
+def test_what_led_to_the_call_is_quoted_escaped_and_within_limits() -> None:
+    worst = "<!channel>\u202e" * 45 + "\n" * 40  # escapes to many times its length
+    context = Context(
+        first=Said(worst, length=9000, by="UALICE"),
+        latest=Said(NASTY, length=len(NASTY), by="<!here>"),
+        agent=Said("I will pay <@U999> now.", length=23),
+        sources={
+            "to": Source("tool", "lookup<!channel>"),
+            "amount": Source("model"),
+            **{f"to.x{i}": Source("model") for i in range(5)},
+        },
+        history=History(approved=3, denied=1),
+    )
+    card = render(info(context=context))
+    validate(card)
+    assert mentions(card) == {"<@U111>", "<@UALICE>"}  # the requester and the first author
+    text = json.dumps(card, ensure_ascii=False)
+    assert "shortened: 9,000 characters in all" in text and "\\u202e" in text
+    assert "*The agent said before the call:*\\n&gt; I will pay &lt;@U999&gt; now." in text
+    to_field, amount_field = next(b["fields"] for b in card["blocks"] if "fields" in b)
+    assert "from lookup&lt;!channel&gt;'s result" in to_field["text"]
+    assert "…and 4 more" in to_field["text"]
+    assert "🔎 _not in the conversation_" in amount_field["text"]
+    assert "<@U111>: 3 approved, 1 denied in the last 30 days" in text
+
+
+def test_the_conversation_pages_fit_a_view_and_lose_nothing() -> None:
+    lines = [Line("human", f"m{i} " + "<x> " * 5000, by="UALICE", at=NOW) for i in range(20)]
+    lines.append(Line("tool", "getBalance returned {}"))
+    pages = blocks.conversation_pages(lines)
+    assert len(pages) > 1
+    shown = ""
+    for page in range(len(pages)):
+        modal = blocks.conversation_modal(info(), pages, page)
+        View(**modal).validate_json()
+        assert len(modal["blocks"]) <= blocks.MODAL_BLOCKS
+        assert len(json.dumps(modal)) < 60_000
+        assert mentions(modal) <= {"<@U111>", "<@UALICE>"}
+        shown += "".join(t["text"] for t in text_objects(modal))
+    assert all(f"m{i} " in shown for i in range(20)) and shown.count("&lt;x&gt;") == 20 * 5000
+    assert "🔧 getBalance returned {}" in shown
+    empty = blocks.conversation_modal(info(), blocks.conversation_pages([]), 0)
+    View(**empty).validate_json()
+    assert "Nothing was recorded" in json.dumps(empty)

@@ -66,6 +66,7 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "chat_postEphemeral": ("chat:write",),
     "chat_getPermalink": (),
     "views_open": (),
+    "views_update": (),
     "users_info": ("users:read",),
     "usergroups_users_list": ("usergroups:read",),
     "conversations_info": ("channels:read", "groups:read"),  # public and private channels

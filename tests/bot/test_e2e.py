@@ -133,7 +133,7 @@ async def test_dm_to_card_to_approve_to_reply(
         "type": "header",
         "text": {"type": "plain_text", "text": "Approval needed: transferMoney"},
     }
-    (actions,) = [b for b in card_blocks if b["type"] == "actions"]
+    (actions,) = [b for b in card_blocks if b.get("block_id") == "approval"]
     assert [(e["action_id"], e["value"]) for e in actions["elements"]] == [
         ("approve", asked.approval_id),
         ("deny", asked.approval_id),
@@ -152,7 +152,7 @@ async def test_dm_to_card_to_approve_to_reply(
     info = await service.deps.workflow.approval(team, asked.approval_id)
     assert info is not None and isinstance(info.decision, Approved)
     assert info.card is not None and update.args["ts"] == info.card.ts
-    assert all(b["type"] != "actions" for b in blocks_of(update))
+    assert all(b.get("block_id") != "approval" for b in blocks_of(update))
     assert "Approved by <@UBOSS>" in json.dumps(blocks_of(update))
 
     reply = await reply_in_thread(fake_slack, asked.thread_ts)
@@ -194,7 +194,7 @@ async def test_deny_with_a_reason_reaches_the_model_and_nothing_runs(
     (update,) = await fake_slack.wait_for("chat.update", predicate=decided_card("Denied by"))
     shown = json.dumps(blocks_of(update))
     assert "Denied by <@UBOSS>" in shown and "not this month" in shown
-    assert all(b["type"] != "actions" for b in blocks_of(update))
+    assert all(b.get("block_id") != "approval" for b in blocks_of(update))
     reply = await reply_in_thread(fake_slack, asked.thread_ts)
     assert text_of(reply) == "The transfer was denied: not this month."
     [response] = gemini.function_responses()
@@ -284,7 +284,7 @@ async def test_twenty_concurrent_approvals_run_the_tool_once(
     assert {c.args["user"] for c in refused} == set(approvers) - {decider}
     assert info.card is not None and info.card.ts is not None
     final = json.dumps(fake_slack.messages[info.card.ts]["blocks"])
-    assert f"Approved by <@{decider}>" in final and '"actions"' not in final
+    assert f"Approved by <@{decider}>" in final and '"approval"' not in final
 
 
 # -- events ----------------------------------------------------------------------------------

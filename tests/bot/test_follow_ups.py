@@ -111,8 +111,12 @@ async def test_reminder_and_escalation_happen_once_across_replicas_and_a_restart
         await restarted.stop()
 
     # Escalated: a member of the leads' channel may decide, and both cards show it.
-    gemini.script(text("Sent."))
     leads_card = escalated[0]
+    # The escalated card carries the same context, and the leads may see the conversation.
+    assert "asked:*\\n&gt; send 500 to 12345" in json.dumps(leads_card.args["blocks"])
+    await client.click(team, "ULEAD", "show_conversation", leads_card, channel=LEADS)
+    await fake_slack.wait_for("views.open")
+    gemini.script(text("Sent."))
     assert (await client.click(team, "ULEAD", "approve", leads_card, channel=LEADS))[0] == 200
     updates = await fake_slack.wait_for(
         "chat.update",

@@ -139,6 +139,7 @@ class FakeSlack:
             "chat.postEphemeral": self._post_ephemeral,
             "chat.getPermalink": self._permalink,
             "views.open": self._views_open,
+            "views.update": self._views_update,
             "users.info": self._users_info,
             "usergroups.users.list": self._usergroup_users,
             "conversations.info": self._conversation_info,
@@ -368,6 +369,15 @@ class FakeSlack:
         opened: JSON = {"id": view_id, "team_id": self.team_id, "app_id": self.app_id}
         opened |= {"bot_id": self.bot_id, "state": {"values": {}}, "hash": f"{view_id}.hash"}
         opened |= {"root_view_id": view_id, "previous_view_id": None}
+        return {"ok": True, "view": {"private_metadata": "", "callback_id": "", **view, **opened}}
+
+    def _views_update(self, args: JSON) -> JSON:
+        view, view_id = args.get("view"), args.get("view_id")
+        if not isinstance(view, dict) or not isinstance(view_id, str):
+            return _err("invalid_arguments")
+        if not view_id.startswith("V") or int(view_id[1:] or 0) > self._views:
+            return _err("not_found")
+        opened: JSON = {"id": view_id, "team_id": self.team_id, "app_id": self.app_id}
         return {"ok": True, "view": {"private_metadata": "", "callback_id": "", **view, **opened}}
 
     def _users_info(self, args: JSON) -> JSON:

@@ -253,6 +253,39 @@ def block_actions(
     return _form({"payload": json.dumps(payload)})
 
 
+def view_block_actions(
+    team: str,
+    user: str,
+    view: dict[str, Any],
+    action_id: str,
+    value: str,
+    *,
+    block_id: str = "actions",
+    app_id: str = APP_ID,
+) -> Payload:
+    """A button click inside a modal the app opened (`view` as views.open returned it)."""
+    button = {
+        "type": "button",
+        "action_id": action_id,
+        "text": {"type": "plain_text", "text": value, "emoji": True},
+        "value": value,
+    }
+    payload: dict[str, Any] = {
+        "type": "block_actions",
+        "user": _user(team, user),
+        "api_app_id": app_id,
+        "token": VERIFICATION_TOKEN,
+        "container": {"type": "view", "view_id": view["id"]},
+        "trigger_id": f"{time.time():.6f}.trigger",
+        "team": {"id": team, "domain": "example"},
+        "enterprise": None,
+        "is_enterprise_install": False,
+        "view": view,
+        "actions": [{**button, "block_id": block_id, "action_ts": f"{time.time():.6f}"}],
+    }
+    return _form({"payload": json.dumps(payload)})
+
+
 def view_submission(
     team: str,
     user: str,

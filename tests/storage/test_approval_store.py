@@ -40,12 +40,16 @@ from storage.lifecycle import (
     Card,
     CardState,
     Claim,
+    Context,
     Denied,
     ExecutionState,
+    History,
     IllegalTransition,
     PausedTurn,
     Request,
     Requirement,
+    Said,
+    Source,
     State,
     Subject,
     Thread,
@@ -496,3 +500,45 @@ async def test_follow_ups_take_once_exactly_when_the_table_allows(
         assert sum(not isinstance(r, BaseException) for r in results) == 1, case  # once
         assert getattr(await db.row(ApprovalRow, approval.id), column) == enters, case
         assert await db.audit_rows() == audits + 1, case
+
+
+async def test_a_requests_context_is_kept_and_the_requesters_history_counted(db: Db) -> None:
+    thread = db.thread()
+    held = await db.store.hold_thread(
+        thread, author="UASK", new_id=str(uuid.uuid4()), now=NOW, until=NOW + HOUR
+    )
+    assert held is not None
+    turn = PausedTurn(str(uuid.uuid4()), held.conversation_id, thread, "s", "snap", NOW)
+    context = Context(
+        first=Said("pay rent", length=8, by="UASK", at=NOW),
+        agent=Said("Paying.", length=7),
+        sources={"amount": Source("human"), "to": Source("tool", "getBalance")},
+        history=History(approved=2),
+    )
+    fresh = new_approval(thread, turn.id, 0)
+    fresh = replace(fresh, request=replace(fresh.request, context=context))
+    await db.store.pause(turn, [fresh])
+    stored = await db.store.get(db.team, fresh.id)
+    assert stored is not None and stored.request.context == context
+    assert await db.store.paused_snapshot(stored) == "snap"
+
+    for status in (ApprovalState.APPROVED, ApprovalState.APPROVED, ApprovalState.DENIED):
+        await db.seed(status=status)  # by UASK, transferMoney
+    await db.seed(status=ApprovalState.EXPIRED)
+    history = await db.store.history(
+        db.team, "UASK", ["transferMoney", "exportData"], since=NOW - HOUR, days=30
+    )
+    # Pending requests (the fresh one, the seeds' siblings) are not history yet.
+    assert history == {
+        "transferMoney": History(approved=2, denied=1, expired=1, days=30),
+        "exportData": History(days=30),
+    }
+    assert await db.store.history(db.team, "UOTHER", ["transferMoney"], since=NOW, days=1) == {
+        "transferMoney": History(days=1)
+    }
+
+    await db.store.note_viewed(stored, by="UBOSS", now=NOW)
+    trail = await db.store.audit_trail(db.team)
+    assert ("conversation_viewed", "UBOSS", fresh.id) in {
+        (e.action, e.actor, e.approval_id) for e in trail
+    }
