@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, assert_never
 
-from genkit import Message, Part
+from genkit import GenkitError, Message, Part
 from genkit._ai._tools import Interrupt
 from genkit.middleware import (
     BaseMiddleware,
@@ -33,6 +33,7 @@ from pydantic import BaseModel, ValidationError
 
 from agent.context import as_provenance, call_context
 from agent.policy import Policy, PolicyService
+from agent.questions import asked
 from agent.runtime import Preview
 from storage.approval_store import ApprovalStore
 from storage.lifecycle import Approval, Approved, Context, Finished, IllegalTransition, Started
@@ -105,14 +106,17 @@ def approval_middleware(
     store: ApprovalStore,
     policies: PolicyService,
     previews: Mapping[str, Preview],
+    questions: Collection[str],
     new_id: Callable[[], str],
     clock: Callable[[], datetime],
     outside: Outside = contextlib.nullcontext,
 ) -> type[BaseMiddleware[Any]]:
     """Build the middleware class bound to this application's store and policy.
 
-    `outside`: entered around each wait on the model or a tool, so whoever runs the turn
-    (bot/background.py) can give the turn's place to other work meanwhile.
+    `questions`: the tools that only ask a person (agent/questions.py): they are neither
+    gated nor run, their calls become questions. `outside`: entered around each wait on the
+    model or a tool, so whoever runs the turn (bot/background.py) can give the turn's place
+    to other work meanwhile.
     """
 
     async def run_approved(
@@ -139,6 +143,17 @@ def approval_middleware(
             async with outside():
                 result = await next_fn(params, ctx)
             output = jsonable(result.output)
+        except (Interrupt, GenkitError) as exc:
+            if asking(exc) is None:
+                raise
+            # Approved, it asked for more: a restart cannot ask (Genkit fails the resume).
+            log.warning("approved tool %s asked a question; the model is told", tool)
+            output = {
+                "ok": False,
+                "error": f"{tool} asked for more input after it was approved and did not run. "
+                "Ask the person with askHuman, then call it again.",
+            }
+            result = MultipartToolResponse(output=output)
         except Exception:
             log.exception("approved tool %s failed (approval %s)", tool, approval_id)
             output = {"ok": False, "error": f"the tool {tool} failed; it may need a retry"}
@@ -199,6 +214,9 @@ def approval_middleware(
             args = request.input if request else None
             ref = request.ref if request else None
             policy = await policies.get(scope.team_id, tool)
+            if tool in questions:  # it would only interrupt: it asks a person, unrun
+                ask(scope, ref, args, policy.for_call(args, scope.requester))
+                raise Interrupt({"asks": asked(args), "why": f"{tool} asks for input"})
             # What led to the call is traced only when a rule may read it or a human will.
             context = None
             if policy.rules and not policy.allowed:
@@ -206,8 +224,15 @@ def approval_middleware(
             sources = context.sources if context else {}
             policy = policy.for_call(args, scope.requester, as_provenance(args, sources))
             if policy.allowed:
-                async with outside():
-                    return await next_fn(params, ctx)
+                try:
+                    async with outside():
+                        return await next_fn(params, ctx)
+                except (Interrupt, GenkitError) as exc:
+                    if (metadata := asking(exc)) is None:
+                        raise
+                    ask(scope, ref, args, policy)  # the tool asks a person: a question
+                    why = str(metadata.get("message") or f"{tool} asks for input")
+                    raise Interrupt({"asks": asked(args, metadata), "why": why}) from None
             if (problem := invalid_input(params)) is not None:
                 # An approver never sees (and never approves) a call that cannot run.
                 log.info("invalid input for %s; no approval asked: %s", tool, problem)
@@ -218,7 +243,20 @@ def approval_middleware(
             shown = await preview(tool, args)
             raise Interrupt({"why": policy.why, "preview": shown})
 
+    def ask(scope: TurnScope, ref: str | None, args: Any, policy: Policy) -> None:
+        """Note a question's policy (where it goes, who may answer) and what led to it."""
+        if ref:
+            scope.calls[ref] = Called(policy, call_context(scope.conversation, ref, args))
+
     return GreenlightApproval
+
+
+def asking(exc: BaseException) -> dict[str, Any] | None:
+    """The metadata of the interrupt a tool raised (Genkit may wrap it), or None."""
+    found = exc.cause if isinstance(exc, GenkitError) else exc
+    if not isinstance(found, Interrupt):
+        return None
+    return found.metadata if isinstance(found.metadata, dict) else {}
 
 
 def invalid_input(params: ToolHookParams) -> str | None:

@@ -49,10 +49,12 @@ def build_workflow(
     )
     store = ApprovalStore(sessions)
     previews: dict[str, Preview] = {}
+    questions: set[str] = set()
     middleware = approval_middleware(
         store=store,
         policies=policies,
         previews=previews,
+        questions=questions,
         new_id=new_id,
         clock=clock,
         outside=outside,
@@ -62,6 +64,7 @@ def build_workflow(
         store=SqlSessionStore(sessions),
         middleware=middleware,
         previews=previews,
+        questions=questions,
         setup=setup,
     )
     tool_names.extend(runtime.tools)

@@ -12,6 +12,8 @@ from genkit import Tool
 from genkit.exp import Agent, Genkit, SessionStore
 from genkit.middleware import BaseMiddleware
 
+from agent.questions import ASK_HUMAN, ASK_HUMAN_PROMPT, define_ask_human
+
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful operations assistant working inside Slack. Use the tools you have to "
     "do what the employee asks. Some tools need a human's approval: when a tool result says "
@@ -31,6 +33,7 @@ class AgentConfig:
     tool_modules: tuple[str, ...] = ("agent.example_tools",)
     gemini_api_key: str | None = None
     gemini_api_url: str | None = None
+    ask_human: bool = True  # AGENT_ASK_HUMAN: the agent may ask a person (agent/questions.py)
 
 
 # A tool's preview: from the call's input, a short text for the approver ("Balance after
@@ -43,19 +46,42 @@ class AgentRuntime:
     ai: Genkit
     agent: Agent[Any]
     sessions: SessionStore[Any]  # the agent's, to show an approver the conversation
-    tools: dict[str, str] = field(default_factory=dict)  # name -> description, for cards
+    tools: dict[str, Tool] = field(default_factory=dict)
+    questions: frozenset[str] = frozenset()  # the interrupts: tools that ask a person
+
+    def describe(self, tool: str) -> str:
+        """The tool's description, for the people deciding on its calls."""
+        found = self.tools.get(tool)
+        return found.description or "" if found is not None else ""
 
 
 @dataclass
 class Loaded:
     tools: list[Tool] = field(default_factory=list)
     previews: dict[str, Preview] = field(default_factory=dict)
+    interrupts: set[str] = field(default_factory=set)  # defined with ai.define_interrupt
 
 
 def load_tools(ai: Genkit, modules: Sequence[str]) -> Loaded:
     """Import each module of AGENT_TOOLS, let it register its tools on `ai`, and take the
     previews it offers (an optional `previews()`)."""
     loaded = Loaded()
+    define_interrupt = ai.define_interrupt
+
+    def noting_interrupts(name: str, **options: Any) -> Tool:
+        """ai.define_interrupt, noting the name: such a tool only ever asks (a question)."""
+        loaded.interrupts.add(name)
+        return define_interrupt(name, **options)
+
+    ai.define_interrupt = noting_interrupts  # type: ignore[method-assign]
+    try:
+        _register(ai, modules, loaded)
+    finally:
+        del ai.define_interrupt  # the class's own again
+    return _checked(loaded)
+
+
+def _register(ai: Genkit, modules: Sequence[str], loaded: Loaded) -> None:
     for name in modules:
         try:
             module = importlib.import_module(name)
@@ -68,6 +94,9 @@ def load_tools(ai: Genkit, modules: Sequence[str]) -> Loaded:
         offered = getattr(module, "previews", None)
         if offered is not None:
             loaded.previews.update(offered() if callable(offered) else {})
+
+
+def _checked(loaded: Loaded) -> Loaded:
     names = [t.name for t in loaded.tools]
     if len(set(names)) != len(names):
         raise ToolModuleError(f"AGENT_TOOLS: two tools share a name among {sorted(names)}")
@@ -85,10 +114,12 @@ def build_runtime(
     store: SessionStore[Any],
     middleware: type[BaseMiddleware[Any]],
     previews: dict[str, Preview],
+    questions: set[str],
     setup: Callable[[Genkit], None] | None = None,
 ) -> AgentRuntime:
-    """Wire the agent. `previews` (the middleware's, built before the tools are loaded) is
-    filled with the tools' previews. `setup` may register extra models (tests, the demo)."""
+    """Wire the agent. `previews` and `questions` (the middleware's, built before the tools
+    are loaded) are filled with the tools' previews and the names of the tools that ask a
+    person (agent/questions.py). `setup` may register extra models (tests, the demo)."""
     plugins: list[Any] = []
     if config.model.startswith("googleai/"):
         from agent.gemini import gemini_plugin
@@ -98,14 +129,24 @@ def build_runtime(
     if setup is not None:
         setup(ai)
     loaded = load_tools(ai, config.tool_modules)
+    system = config.system_prompt
+    if config.ask_human:
+        if any(t.name == ASK_HUMAN for t in loaded.tools):
+            raise ToolModuleError(f"AGENT_TOOLS: {ASK_HUMAN} is built in (AGENT_ASK_HUMAN)")
+        loaded.tools.append(define_ask_human(ai))
+        loaded.interrupts.add(ASK_HUMAN)
+        system += ASK_HUMAN_PROMPT
     agent = ai.define_agent(
         name="greenlight",
         model=config.model,
-        system=config.system_prompt,
+        system=system,
         tools=loaded.tools,
         use=[middleware()],
         store=store,
     )
     previews.update(loaded.previews)
-    tools = {t.name: t.description for t in loaded.tools}
-    return AgentRuntime(ai=ai, agent=agent, sessions=store, tools=tools)
+    questions.update(loaded.interrupts)
+    tools = {t.name: t for t in loaded.tools}
+    return AgentRuntime(
+        ai=ai, agent=agent, sessions=store, tools=tools, questions=frozenset(loaded.interrupts)
+    )

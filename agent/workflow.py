@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, assert_never
@@ -22,6 +22,7 @@ from genkit.exp import AgentChat, AgentFinishReason, AgentInput, AgentInterrupt,
 from agent.approval import TurnScope, current_scope, interrupt_note, recorded
 from agent.context import Line, conversation_lines, human_message
 from agent.policy import ApproverFacts, Policy, PolicyService, Refusal, refusal
+from agent.questions import answer_form, answered, form_errors
 from agent.runtime import AgentRuntime
 from storage.approval_store import ApprovalStore
 
@@ -30,6 +31,7 @@ from storage.approval_store import ApprovalStore
 from storage.lifecycle import (
     ESCALATE,
     REMIND,
+    Answered as Answered,
     Approval as Approval,
     Approved as Approved,
     AuditEntry as AuditEntry,
@@ -96,7 +98,25 @@ class Failed:
     retrying: bool = False
 
 
-TurnOutcome = Reply | AwaitingApproval | Busy | Failed
+@dataclass(frozen=True)
+class Decided:
+    approval: Approval
+    turn_ready: bool  # every request of the paused turn is now settled
+
+    @property
+    def turn_id(self) -> str:
+        return self.approval.turn_id
+
+
+@dataclass(frozen=True)
+class AnsweredInThread:
+    """The requester's message answered the question their thread waited on."""
+
+    thread: Thread
+    decided: Decided
+
+
+TurnOutcome = Reply | AwaitingApproval | Busy | Failed | AnsweredInThread
 
 
 @dataclass(frozen=True)
@@ -107,17 +127,20 @@ class Resumed:
     settled: tuple[Approval, ...]
 
 
-@dataclass(frozen=True)
-class Decided:
-    approval: Approval
-    turn_ready: bool  # every approval of the paused turn is now decided
-
-    @property
-    def turn_id(self) -> str:
-        return self.approval.turn_id
+RefusalReason = (
+    Refusal
+    | Literal["not_found", "already_decided", "already_voted"]
+    # A question answers no Approve or Deny; only the requester answers what asks them.
+    | Literal["a_question", "not_a_question", "not_the_requester"]
+)
 
 
-RefusalReason = Refusal | Literal["not_found", "already_decided", "already_voted"]
+class InvalidAnswer(ValueError):
+    """An answer that does not fit its question's form: what is wrong, by field."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+        self.errors = errors
 
 
 class DecisionRefused(Exception):
@@ -172,6 +195,10 @@ class Workflow:
         self._clock = clock
         self._new_id = new_id
         self._lease = lease
+        # The question tools whose answers are objects of a form (agent/questions.py).
+        self._forms = frozenset(
+            name for name, tool in runtime.tools.items() if answer_form(tool) is not None
+        )
 
     @property
     def policies(self) -> PolicyService:
@@ -179,7 +206,7 @@ class Workflow:
 
     def describe(self, tool: str) -> str:
         """The tool's description, for the people deciding on its calls."""
-        return self._runtime.tools.get(tool, "")
+        return self._runtime.describe(tool)
 
     # -- turns -------------------------------------------------------------------------
 
@@ -201,7 +228,15 @@ class Workflow:
             until=now + self._turn_timeout + self._lease,
         )
         if held is None:
-            return Busy(thread, await self._store.waiting_on(thread))
+            waiting = await self._store.waiting_on(thread)
+            asked = [a for a in waiting if a.request.asks == "requester" and a.decision is None]
+            if text.strip() and asked and asked[0].request.requester == requester:
+                try:  # the requester's reply is the answer their question waits for
+                    answer = await self.answer(thread.team_id, asked[0].id, requester, text)
+                    return AnsweredInThread(thread, answer)
+                except (DecisionRefused, InvalidAnswer):
+                    pass  # answered meanwhile (the button), or its form wants a modal
+            return Busy(thread, waiting)
         scope = TurnScope(thread.team_id, requester, participants=held.participants)
         message = human_message(text, by=requester, at=now)
         try:
@@ -238,7 +273,7 @@ class Workflow:
             participants=asked.participants,
             approvals={a.id: a for a in claim.approvals},
         )
-        respond, restart = resume_parts(claim.approvals)
+        respond, restart = resume_parts(claim.approvals, self._forms)
         heartbeat = asyncio.create_task(self._keep_lease(claim))
         try:
             out = await self._run(
@@ -282,10 +317,64 @@ class Workflow:
         if found is None:
             raise DecisionRefused("not_found")
         approval = await self._expire_if_overdue(found[0])
+        if approval.request.question:
+            raise DecisionRefused("a_question", approval)
         if approval.decision is not None:
             raise DecisionRefused("already_decided", approval)
         await self._check_eligible(approval, found[1], approver, facts)
         return approval
+
+    async def check_answerer(
+        self, team_id: str, approval_id: str, person: str, facts: Facts
+    ) -> Approval:
+        """The question, if `person` may answer it now; else DecisionRefused saying why. A
+        question to the requester is theirs alone; one to the approvers, any approver's."""
+        found = await self._store.decidable(team_id, approval_id)
+        if found is None:
+            raise DecisionRefused("not_found")
+        approval = await self._expire_if_overdue(found[0])
+        r = approval.request
+        if not r.question:
+            raise DecisionRefused("not_a_question", approval)
+        if approval.decision is not None:
+            raise DecisionRefused("already_decided", approval)
+        if r.asks == "requester":
+            if person != r.requester:
+                raise DecisionRefused("not_the_requester", approval)
+        else:
+            await self._check_eligible(approval, found[1], person, facts)
+        return approval
+
+    def question_form(self, tool: str) -> dict[str, Any] | None:
+        """The JSON schema an answer to `tool`'s question must fit; None: free text."""
+        return answer_form(self._runtime.tools.get(tool))
+
+    async def answer(
+        self,
+        team_id: str,
+        approval_id: str,
+        person: str,
+        answer: Any,
+        *,
+        facts: Facts | None = None,
+    ) -> Decided:
+        """Record the answer to a question, once. DecisionRefused (nothing changes) when the
+        person may not answer it or it is settled; InvalidAnswer when it does not fit the
+        question's form."""
+        approval = await self.check_answerer(team_id, approval_id, person, facts or ApproverFacts())
+        if (form := self.question_form(approval.request.tool)) is not None:
+            if errors := form_errors(form, answer):
+                raise InvalidAnswer(errors)
+        elif not isinstance(answer, str) or not answer.strip():
+            raise InvalidAnswer({"answer": "an answer is needed"})
+        try:
+            done, others_pending = await self._store.answer(
+                approval, Answered(person, self._clock(), answer)
+            )
+        except IllegalTransition as refused:  # answered first by someone, or time ran out
+            current = await self._expire_if_overdue(refused.current or approval)
+            raise DecisionRefused("already_decided", current) from None
+        return Decided(done, turn_ready=others_pending == 0)
 
     async def conversation(
         self, team_id: str, approval_id: str, viewer: str, facts: Facts
@@ -498,6 +587,7 @@ class Workflow:
                 policy, context = stored.for_call(intr.input, scope.requester), Context()
             note = notes.get(intr.ref, {})
             preview = note.get("preview")
+            asks = note.get("asks") if note.get("asks") in ("requester", "approvers") else None
             request = Request(
                 tool=intr.name,
                 ref=intr.ref or "",
@@ -508,14 +598,19 @@ class Workflow:
                 expires_at=now + policy.timeout,
                 participants=scope.participants,
                 preview=preview if isinstance(preview, str) else None,
-                approvals_needed=policy.approvals,
+                approvals_needed=1 if asks else policy.approvals,
                 context=replace(context, history=history[intr.name]),
+                asks=asks,
             )
-            card = Card(policy.channel) if policy.channel else None
+            # A question to the requester goes into their thread; anything else to a channel.
+            channel = thread.channel_id if asks == "requester" else policy.channel
+            card = Card(channel) if channel else None
             reminder = escalation = None
-            if policy.remind_after is not None:
+            # The requester is in their thread: no reminder, nobody to escalate to.
+            to_approvers = asks != "requester"
+            if to_approvers and policy.remind_after is not None:
                 reminder = FollowUp(now + policy.remind_after, ReminderState.SCHEDULED)
-            if policy.escalate_after is not None and policy.escalate_to is not None:
+            if to_approvers and policy.escalate_after and policy.escalate_to is not None:
                 escalation = FollowUp(
                     now + policy.escalate_after, EscalationState.SCHEDULED, policy.escalate_to
                 )
@@ -560,14 +655,20 @@ class Workflow:
                 log.warning("could not renew the lease of turn %s", claim.turn_id, exc_info=True)
 
 
-def resume_parts(approvals: Sequence[Approval]) -> tuple[list[Part], list[Part]]:
+def resume_parts(
+    approvals: Sequence[Approval], forms: Collection[str] = ()
+) -> tuple[list[Part], list[Part]]:
     """One resume answering every interrupt of the turn, built from the stored requests only:
-    (respond parts, restart parts)."""
+    (respond parts, restart parts). A question is only ever answered (`forms`: the question
+    tools whose answer is an object of their own form)."""
     respond: list[Part] = []
     restart: list[Part] = []
     for approval in approvals:
         r = approval.request
         intr: AgentInterrupt[Any, Any] = AgentInterrupt(r.tool, r.ref or None, r.input)
+        if r.question:
+            respond.append(intr.respond(answered(approval, r.tool in forms)))
+            continue
         match approval.decision:
             case Approved(by=by):
                 if isinstance(approval.execution, NotStarted):
@@ -580,6 +681,8 @@ def resume_parts(approvals: Sequence[Approval]) -> tuple[list[Part], list[Part]]
                 respond.append(intr.respond({"ok": False, "error": error}))
             case Expired():
                 respond.append(intr.respond({"ok": False, "error": "approval expired"}))
+            case Answered():
+                raise ValueError(f"approval {approval.id} asked no question, yet was answered")
             case None:
                 raise ValueError(f"approval {approval.id} is still pending; the turn is not ready")
             case unreachable:

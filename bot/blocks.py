@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.context import Line
 from agent.workflow import (
+    Answered,
     Approval,
     Approved,
     Denied,
@@ -352,7 +353,11 @@ def decision_text(a: Approval) -> str:
             why = f": {_fit(reason, 1000)[0]}" if reason else ""
             return f"❌ Denied by {mention(by)} at {date(at)}{why}"
         case Expired(at=at):
+            if a.request.question:
+                return f"⌛ Expired at {date(at)} — nobody answered; the agent was told"
             return f"⌛ Expired at {date(at)} — the request was denied automatically"
+        case Answered(by=by, at=at, answer=answer):
+            return f"💬 Answered by {mention(by)} at {date(at)}:\n{_quote(_said(answer))}"
         case None:
             return "Waiting for a decision."
 
@@ -417,6 +422,83 @@ def approval_card(
     return {"text": f"{title}: {escape(r.tool)}", "blocks": blocks}
 
 
+ANSWER_MAX = 2000  # characters of an answer quoted on its card
+
+
+def _said(answer: Any) -> Said:
+    text = answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False)
+    return Said(text[:ANSWER_MAX], length=len(text))
+
+
+def question_card(
+    a: Approval, *, description: str, thread_link: str | None, now: datetime
+) -> Message:
+    """A question the agent asks (askHuman, or an interrupt a tool defines): what it asks,
+    of whom, why; an Answer button while it waits. A question to the requester is posted in
+    their thread; one to the approvers goes to their channel with the same context as an
+    approval card."""
+    r = a.request
+    pending = a.decision is None
+    question = r.input.get("question") if isinstance(r.input.get("question"), str) else None
+    title = "Question" if r.tool == "askHuman" else f"Question: {r.tool}"
+    blocks: list[Block] = [
+        {"type": "header", "text": {"type": "plain_text", "text": _fit(title, HEADER_MAX)[0]}}
+    ]
+    if r.asks == "requester":
+        blocks.append(_section(f"{mention(r.requester)}, the agent asks you:"))
+    else:
+        who = f"The agent asks the approvers, for {mention(r.requester)}"
+        if link := _link(thread_link, "View the conversation"):
+            who += f"  ·  {link}"
+        blocks.append(_section(who + (f"\n{_fit(description, 2000)[0]}" if description else "")))
+        blocks += request_sections(r)
+    if question is not None:
+        blocks.append(_section(_quote(_said(question))))
+    else:  # a tool's own interrupt: what it says, and its input
+        blocks.append(_section(f"*{_fit(r.why, 2000)[0]}*"))
+        fields, shortened = _input_fields(r.input, r.context.sources)
+        blocks.append({"type": "section", "fields": fields} if fields else _section("_No input._"))
+        if shortened:
+            blocks.append(_full_input(r.input))
+    if pending:
+        how = "Reply in this thread, or click Answer." if r.asks == "requester" else "Click Answer."
+        blocks.append(_context(f"{how}  ·  Expires {date(r.expires_at)}"))
+        elements = [_button("Answer", "answer", a.id, "primary")]
+        if r.asks != "requester":
+            elements.append(_button("Show conversation", "show_conversation", a.id))
+        blocks.append({"type": "actions", "block_id": "question", "elements": elements})
+    else:
+        blocks.append(_section(decision_text(a)))
+    return {"text": f"{title}: {escape(question or r.tool)[:200]}", "blocks": blocks}
+
+
+def answer_modal(a: Approval, form: list[Block] | None) -> dict[str, Any]:
+    """The answer to a question: free text, or the form its tool gives (bot/forms.py)."""
+    r = a.request
+    asks = r.input.get("question") if isinstance(r.input.get("question"), str) else r.tool
+    inputs = form or [
+        {
+            "type": "input",
+            "block_id": "answer",
+            "label": {"type": "plain_text", "text": "Your answer"},
+            "element": {
+                "type": "plain_text_input",
+                "action_id": "value",
+                "multiline": True,
+                "max_length": 3000,
+            },
+        }
+    ]
+    return {
+        "type": "modal",
+        "callback_id": "answer",
+        "title": {"type": "plain_text", "text": "Answer the agent"},
+        "submit": {"type": "plain_text", "text": "Answer"},
+        "close": {"type": "plain_text", "text": "Cancel"},
+        "blocks": [_section(_quote(_said(asks))), *inputs],
+    }
+
+
 def _button(label: str, action_id: str, value: str, style: str | None = None) -> Block:
     button = {
         "type": "button",
@@ -446,8 +528,12 @@ def requester_note(
 
     Takes one approval (with `card_link`) or all a turn stopped on (`card_links` in order).
     """
-    many = [approvals] if isinstance(approvals, Approval) else list(approvals)
+    every = [approvals] if isinstance(approvals, Approval) else list(approvals)
     links = [card_link] if isinstance(approvals, Approval) else list(card_links)
+    asked = [a for a in every if a.request.question]
+    if asked:
+        return _question_note(asked, [a for a in every if not a.request.question])
+    many = every
     where = " and ".join(
         dict.fromkeys(_channel(a.card.channel if a.card else None) for a in many[:20])
     )
@@ -465,6 +551,23 @@ def requester_note(
     done = "I'll continue here once they're decided."
     text = f"I need approval for {len(many)} actions:{lines}{more}"
     return _text_message(f"{text}\nI've asked in {where or _channel(None)} — {done}")
+
+
+def _question_note(asked: Sequence[Approval], approvals: Sequence[Approval]) -> Message:
+    """What a turn that asks waits for: the requester's answer (the question follows in
+    the thread), the approvers' answer, and approvals."""
+    lines = []
+    if any(a.request.asks == "requester" for a in asked):
+        lines.append("I have a question for you, just below: reply in this thread or click Answer.")
+    if theirs := [a for a in asked if a.request.asks == "approvers"]:
+        where = " and ".join(
+            dict.fromkeys(_channel(a.card.channel if a.card else None) for a in theirs)
+        )
+        lines.append(f"I've asked the approvers a question in {where}.")
+    if approvals:
+        tools = ", ".join(dict.fromkeys(_code(a.request.tool) for a in approvals[:20]))
+        lines.append(f"I also need approval for {tools}.")
+    return _text_message(" ".join(lines) + " I'll continue here once I have what I need.")
 
 
 def reminder_text(a: Approval, users: Sequence[str], groups: Sequence[str]) -> Message:
@@ -499,6 +602,11 @@ def card_failed_message(a: Approval) -> Message:
         "approver has seen it yet. It stays open until it expires; an admin can find it with "
         "`/approvals pending`."
     )
+
+
+def answer_taken() -> Message:
+    """In the thread, for the requester's reply that answered the agent's question."""
+    return {"text": "_Got it — continuing._"}
 
 
 def thinking_message() -> Message:
@@ -552,8 +660,16 @@ def refusal_text(reason: str, a: Approval | None) -> str:
             f"Approvals for {tool} go to a channel anyone can join, so its members can't "
             f"approve. An admin must make the channel private or name approvers ({command})."
         )
+    if reason == "a_question":
+        return "This is a question, not an approval: answer it with Answer."
+    if reason == "not_a_question":
+        return "That request asks for an approval, not an answer."
+    if reason == "not_the_requester":
+        return f"The agent asked {mention(a.request.requester) if a else 'the requester'} this."
     if reason == "already_decided":
         match a.decision if a else None:
+            case Answered(by=by, at=at):
+                return f"Already answered by {mention(by)} at {date(at)}."
             case Expired(at=at):
                 return f"Already expired at {date(at)}."
             case Approved(by=by, at=at):

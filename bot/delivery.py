@@ -17,6 +17,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.workflow import (
+    AnsweredInThread,
     Approval,
     AwaitingApproval,
     Busy,
@@ -66,6 +67,8 @@ class Delivery:
             message = await self._post_cards(client, outcome.approvals)
         elif isinstance(outcome, Busy):
             message = blocks.busy_message(outcome)
+        elif isinstance(outcome, AnsweredInThread):
+            message = blocks.answer_taken()
         else:
             message = blocks.failure_message(retrying=outcome.retrying)
         await self.say(client, outcome.thread, message, replace=placeholder)
@@ -214,9 +217,12 @@ class Delivery:
             log.error("no approver channel for %s: set APPROVER_CHANNEL or route it", tool)
             return None
         channel = approval.card.channel
+        # A question to the requester is asked in their thread.
+        asks_requester = approval.request.asks == "requester"
         try:
             posted = await client.chat_postMessage(
                 channel=channel,
+                thread_ts=approval.thread.thread_ts if asks_requester else None,
                 metadata=card_mark(approval),
                 unfurl_links=False,
                 unfurl_media=False,
@@ -242,13 +248,21 @@ class Delivery:
         sweep rather than risk a second one)."""
         assert approval.card is not None
         since = (approval.request.requested_at - HISTORY_MARGIN).timestamp()
+        channel, oldest = approval.card.channel, f"{since:.6f}"
+        # One page, Slack's most: a card is posted soon after its request.
         try:
-            history = await client.conversations_history(
-                channel=approval.card.channel,
-                oldest=f"{since:.6f}",
-                limit=999,  # one page, Slack's most: a card is posted soon after its request
-                include_all_metadata=True,
-            )
+            if approval.request.asks == "requester":  # asked in the requester's thread
+                history = await client.conversations_replies(
+                    channel=channel,
+                    ts=approval.thread.thread_ts,
+                    oldest=oldest,
+                    limit=999,
+                    include_all_metadata=True,
+                )
+            else:
+                history = await client.conversations_history(
+                    channel=channel, oldest=oldest, limit=999, include_all_metadata=True
+                )
         except (SlackApiError, aiohttp.ClientError) as exc:
             log.error("could not look for the card of %s: %r", approval.id, exc)
             return ""
@@ -261,9 +275,8 @@ class Delivery:
 
     def _card(self, approval: Approval, thread_link: str | None) -> dict[str, Any]:
         description = self._workflow.describe(approval.request.tool)
-        return blocks.approval_card(
-            approval, description=description, thread_link=thread_link, now=self._clock()
-        )
+        draw = blocks.question_card if approval.request.question else blocks.approval_card
+        return draw(approval, description=description, thread_link=thread_link, now=self._clock())
 
     def warm_link(self, client: AsyncWebClient, thread: Thread) -> None:
         """Start looking up the thread's link now, off the path of a card that may need it."""

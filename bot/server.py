@@ -179,6 +179,7 @@ class Service:
             tool_modules=tuple(s.AGENT_TOOLS),
             gemini_api_key=s.GEMINI_API_KEY.get_secret_value() if s.GEMINI_API_KEY else None,
             gemini_api_url=s.GEMINI_API_URL,
+            ask_human=s.AGENT_ASK_HUMAN,
         )
         file_defaults = policy_file.defaults if policy_file else policy_files.Defaults()
         defaults = PolicyDefaults(

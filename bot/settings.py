@@ -47,6 +47,7 @@ class Settings(BaseSettings):
     AGENT_MODEL: str = DEFAULT_MODEL
     AGENT_SYSTEM_PROMPT: str | None = None
     AGENT_TOOLS: Annotated[list[str], NoDecode] = Field(default_factory=lambda: [DEFAULT_TOOLS])
+    AGENT_ASK_HUMAN: bool = True  # the built-in askHuman: the agent may ask a person
 
     APPROVER_CHANNEL: str | None = None
     POLICY_FILE: Path | None = None

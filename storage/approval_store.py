@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from storage import audit
 from storage.db import SessionFactory, autocommit
 from storage.lifecycle import (
+    ANSWER,
     APPROVE,
     CARD_FAILED,
     CARD_POSTED,
@@ -49,6 +50,7 @@ from storage.lifecycle import (
     STATES,
     TRANSITIONS,
     VOTE,
+    Answered,
     Approval,
     ApprovalState,
     Approved,
@@ -182,6 +184,12 @@ APPROVING = Atomic(
 DENYING = Atomic(
     write(
         DENY, decided_by=sa.bindparam("by"), decided_at=NOW, reason=sa.bindparam("because")
+    ).returning(_OTHERS_PENDING),
+    NOTE,
+)
+ANSWERING = Atomic(
+    write(
+        ANSWER, decided_by=sa.bindparam("by"), decided_at=NOW, answer=sa.bindparam("answer")
     ).returning(_OTHERS_PENDING),
     NOTE,
 )
@@ -474,6 +482,14 @@ class ApprovalStore:
         [now] = await self._with_votes([_approval(row._mapping, approval.thread)])
         return now, int(row.others_pending)
 
+    async def answer(self, approval: Approval, answered: Answered) -> tuple[Approval, int]:
+        """ANSWER a question, audited: the approval as it is now, and how many of its turn's
+        requests still wait. IllegalTransition when it was answered (or expired) already."""
+        params = {"by": answered.by, "answer": answered.answer, "now": answered.at}
+        done = replace(approval, decision=answered)
+        row = await self._change(ANSWERING, ANSWER, done, answered.at, params)
+        return _approval(row._mapping, approval.thread), int(row.others_pending)
+
     async def _with_votes(self, approvals: Sequence[Approval]) -> tuple[Approval, ...]:
         """`approvals` with who approved each so far, for those that need several."""
         ids = [a.id for a in approvals if a.request.approvals_needed > 1]
@@ -715,16 +731,20 @@ def _audit(transition: Transition, approval: Approval, at: datetime) -> dict[str
     spec = transition.audit
     assert spec is not None, f"{transition.name} records nothing"
     r, decision, execution = approval.request, approval.decision, approval.execution
-    decider, reason = (
-        (decision.by, decision.reason)
-        if decision and not isinstance(decision, Expired)
-        else ("", None)
-    )
+    decider: str = ""
+    reason: str | None = None
+    answer: Any = None
+    match decision:
+        case Approved(by=decider, reason=reason) | Denied(by=decider, reason=reason):
+            pass
+        case Answered(by=decider, answer=answer):
+            pass
     actor = {"decider": decider, "requester": r.requester, "greenlight": "greenlight"}
     fields = {
         "input": r.input,
         "why": r.why,
         "reason": reason,
+        "answer": answer,
         "output": execution.output if isinstance(execution, Finished) else None,
     }
     return audit.entry(
@@ -760,6 +780,7 @@ def _approval(row: Mapping[Any, Any], thread: Thread) -> Approval:
         preview=row["preview"],
         approvals_needed=row["approvals_needed"],
         context=Context() if row["context"] is None else CONTEXT.validate_python(row["context"]),
+        asks=row["asks"],
     )
     channel = row["card_channel"]
     card = None if channel is None else Card(channel, row["card_ts"], CardState(row["card_state"]))
@@ -798,6 +819,8 @@ def _decision(row: Mapping[Any, Any]) -> Decision | None:
             return Denied(by, at, reason)
         case ApprovalState.EXPIRED:
             return Expired(at)
+        case ApprovalState.ANSWERED:
+            return Answered(by, at, row["answer"])
 
 
 def _execution(row: Mapping[Any, Any]) -> Execution:
@@ -827,6 +850,8 @@ def _columns(approval: Approval) -> dict[str, Any]:
         "participants": list(r.participants),
         "preview": r.preview,
         "context": CONTEXT.dump_python(r.context, mode="json", exclude_defaults=True) or None,
+        "asks": r.asks,
+        "answer": None,
         "status": REQUEST.enters,
         "decided_by": None,
         "decided_at": None,

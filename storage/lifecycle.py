@@ -6,6 +6,7 @@ runs it (storage/approval_store.py), so the conditions live here and nowhere els
 
 States
     approval   pending -> approved | denied | expired      decided once, never changed
+               pending -> answered | expired                a question: answered once
     execution  not_started -> started -> finished           of an approved call only
     turn       waiting -> resuming -> done | failed         a turn paused on interrupts
                resuming -> resuming                         lease renewed, or taken over
@@ -44,8 +45,12 @@ A conversation (a Slack thread) is held by one turn at a time: storage claims th
 for a turn (busy until it ends, or until its time runs out) and keeps it while that turn
 waits on approvals, so a second message never forks the agent's session.
 
-Adding a state (an answered question, an edited approval) is a change to the enums and
-TRANSITIONS below, as the quorum, the card's outbox, reminders and escalation were:
+A question (an interrupt that asks a person for input, not for approval) is a request too:
+it is ANSWERed or expires, never approved, and the turn resumes once every request of it,
+question or approval, is settled.
+
+Adding a state (an edited approval, say) is a change to the enums and TRANSITIONS below,
+as the quorum, the card's outbox, reminders, escalation and questions were:
 storage derives its writes from them, and a new Requirement needs its SQL in
 storage/transitions.py's REQUIREMENTS (a test says so if it is missing).
 """
@@ -64,6 +69,7 @@ class ApprovalState(enum.StrEnum):
     APPROVED = "approved"
     DENIED = "denied"
     EXPIRED = "expired"
+    ANSWERED = "answered"  # a question's (an interrupt that asks a person for input)
 
 
 class ExecutionState(enum.StrEnum):
@@ -128,6 +134,8 @@ class Requirement(enum.StrEnum):
     REMINDER_DUE = "the reminder's time has come"
     ESCALATION_DUE = "the escalation's time has come"
     POST_RAN_OUT = "the last attempt to post the card is older than its grace"
+    ASKS_APPROVAL = "the request asks for an approval"
+    ASKS_ANSWER = "the request asks a question"
 
 
 @dataclass(frozen=True)
@@ -187,7 +195,7 @@ VOTE = Transition(
     Subject.APPROVAL,
     {A.PENDING: ()},
     A.PENDING,
-    requires=(R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_SHORT),
+    requires=(R.ASKS_APPROVAL, R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_SHORT),
     audit=Audit("approved", "decider", ("input", "reason")),
 )
 APPROVE = Transition(
@@ -195,7 +203,7 @@ APPROVE = Transition(
     Subject.APPROVAL,
     {A.PENDING: ()},
     A.APPROVED,
-    requires=(R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_MET),
+    requires=(R.ASKS_APPROVAL, R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_MET),
     audit=Audit("approved", "decider", ("input", "reason")),
 )
 DENY = Transition(
@@ -203,8 +211,17 @@ DENY = Transition(
     Subject.APPROVAL,
     {A.PENDING: ()},
     A.DENIED,
-    requires=(R.BEFORE_DEADLINE,),
+    requires=(R.ASKS_APPROVAL, R.BEFORE_DEADLINE),
     audit=Audit("denied", "decider", ("input", "reason")),
+)
+# A question is answered, once, by a person it asks (the requester, or an approver).
+ANSWER = Transition(
+    "answer",
+    Subject.APPROVAL,
+    {A.PENDING: ()},
+    A.ANSWERED,
+    requires=(R.ASKS_ANSWER, R.BEFORE_DEADLINE),
+    audit=Audit("answered", "decider", ("input", "answer")),
 )
 EXPIRE = Transition(
     "expire",
@@ -278,6 +295,7 @@ TRANSITIONS = (
     VOTE,
     APPROVE,
     DENY,
+    ANSWER,
     EXPIRE,
     START_EXECUTION,
     FINISH_EXECUTION,
@@ -324,6 +342,7 @@ class Vote:
 
 
 Origin = Literal["human", "tool", "model"]
+Asked = Literal["requester", "approvers"]
 
 
 @dataclass(frozen=True)
@@ -385,6 +404,13 @@ class Request:
     preview: str | None = None
     approvals_needed: int = 1  # distinct approvers (a quorum)
     context: Context = Context()
+    # A question (an interrupt that asks for input) asks the requester or the approvers; an
+    # approval asks nobody in particular (None).
+    asks: Asked | None = None
+
+    @property
+    def question(self) -> bool:
+        return self.asks is not None
 
 
 @dataclass(frozen=True)
@@ -406,7 +432,14 @@ class Expired:
     at: datetime
 
 
-Decision = Approved | Denied | Expired
+@dataclass(frozen=True)
+class Answered:
+    by: str
+    at: datetime
+    answer: Any  # free text, or an object of the form the question's tool gives
+
+
+Decision = Approved | Denied | Expired | Answered
 
 
 @dataclass(frozen=True)
@@ -478,6 +511,8 @@ class Approval:
                 return A.DENIED
             case Expired():
                 return A.EXPIRED
+            case Answered():
+                return A.ANSWERED
 
     @property
     def execution_state(self) -> ExecutionState:

@@ -148,6 +148,9 @@ class ApprovalRow(Base):
     participants: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'"))
     preview: Mapped[str | None] = mapped_column(Text)  # see storage/lifecycle.py Request
     context: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # what led to the call
+    # A question's: whom it asks (requester, approvers; NULL for an approval), the answer.
+    asks: Mapped[str | None] = mapped_column(String(16))
+    answer: Mapped[Any | None] = mapped_column(JSON)
     status: Mapped[ApprovalState] = mapped_column(_enum(ApprovalState))
     decided_by: Mapped[str | None] = mapped_column(String(32))
     decided_at: Mapped[datetime | None]

@@ -49,6 +49,8 @@ REQUIREMENTS: Mapping[Requirement, sa.ColumnElement[bool]] = {
     Requirement.REMINDER_DUE: A.c.remind_at <= NOW,
     Requirement.ESCALATION_DUE: A.c.escalate_at <= NOW,
     Requirement.POST_RAN_OUT: A.c.card_attempted_at < sa.bindparam("card_stale"),
+    Requirement.ASKS_APPROVAL: A.c.asks.is_(None),
+    Requirement.ASKS_ANSWER: A.c.asks.is_not(None),
 }
 STATE_COLUMN = {
     Subject.APPROVAL: A.c.status,

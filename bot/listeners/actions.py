@@ -13,8 +13,8 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.policy import ApproverFacts, Policy
-from agent.workflow import Approval, DecisionRefused
-from bot import blocks
+from agent.workflow import Approval, Decided, DecisionRefused
+from bot import blocks, forms
 from bot.deps import Deps
 from bot.listeners.fields import obj, slack_id
 
@@ -87,13 +87,19 @@ async def too_fast(
     return verdict != "ok"
 
 
-def resume_when_ready(deps: Deps, client: AsyncWebClient, turn_id: str) -> None:
-    async def resume() -> None:
-        resumed = await deps.workflow.continue_turn(turn_id)
-        if resumed is not None:
-            await deps.delivery.resumed(client, resumed)
+async def settled(deps: Deps, client: AsyncWebClient, decided: Decided) -> None:
+    """After a decision or an answer: resume the turn if that was the last thing it waited
+    for (first: the requester waits on it), then redraw the card."""
+    if decided.turn_ready:
+        turn_id = decided.turn_id
 
-    deps.background.spawn(resume(), name=f"resume {turn_id}")
+        async def resume() -> None:
+            resumed = await deps.workflow.continue_turn(turn_id)
+            if resumed is not None:
+                await deps.delivery.resumed(client, resumed)
+
+        deps.background.spawn(resume(), name=f"resume {turn_id}")
+    await deps.delivery.refresh_card(client, decided.approval)
 
 
 async def approve(
@@ -105,9 +111,7 @@ async def approve(
     except DecisionRefused as refusal:
         await refuse(deps, client, refusal, user=user, channel=channel)
         return
-    if decided.turn_ready:  # first: the requester waits on it, the card can follow
-        resume_when_ready(deps, client, decided.turn_id)
-    await deps.delivery.refresh_card(client, decided.approval)
+    await settled(deps, client, decided)
 
 
 async def on_approve(
@@ -224,7 +228,30 @@ async def conversation_view(
     return blocks.conversation_modal(approval, pages, min(page, len(pages) - 1), channel=channel)
 
 
+async def on_answer(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+) -> None:
+    """Answer a question in a modal: free text, or the form its tool gives."""
+    await ack()
+    parsed = clicked(body)
+    trigger = body.get("trigger_id")
+    if parsed is None or not isinstance(trigger, str) or await too_fast(deps, client, parsed):
+        return
+    team, user, channel, approval_id = parsed
+    facts = facts_for(deps, client, user, channel)
+    try:
+        approval = await deps.workflow.check_answerer(team, approval_id, user, facts)
+    except DecisionRefused as refusal:
+        await refuse(deps, client, refusal, user=user, channel=channel)
+        return
+    form = deps.workflow.question_form(approval.request.tool)
+    view = blocks.answer_modal(approval, forms.form_blocks(form) if form else None)
+    view["private_metadata"] = json.dumps({"approval_id": approval_id, "channel": channel})
+    await client.views_open(trigger_id=trigger, view=view)
+
+
 def register(app: AsyncApp) -> None:
+    app.action("answer")(on_answer)
     app.action("approve")(on_approve)
     app.action("deny")(on_deny)
     app.action("show_request")(on_show_request)

@@ -10,9 +10,10 @@ from typing import Any
 from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import Thread
+from agent.workflow import AnsweredInThread, Thread
 from bot import blocks
 from bot.deps import Deps
+from bot.listeners.actions import settled
 from bot.listeners.fields import message_ts, obj, slack_id
 
 EVENT_ID = re.compile(r"Ev[A-Za-z0-9]{1,62}")
@@ -109,6 +110,8 @@ async def run_turn(
     finally:
         placeholder = await posting
     await deps.delivery.outcome(client, outcome, placeholder=placeholder)
+    if isinstance(outcome, AnsweredInThread):  # the reply answered the agent's question
+        await settled(deps, client, outcome.decided)
 
 
 def register(app: AsyncApp) -> None:

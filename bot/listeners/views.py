@@ -1,4 +1,4 @@
-"""The Deny modal: its submission records the denial with the optional reason."""
+"""Modal submissions: a denial with its optional reason, and the answer to a question."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import DecisionRefused
-from bot import blocks
+from agent.workflow import DecisionRefused, InvalidAnswer
+from bot import blocks, forms
 from bot.deps import Deps
-from bot.listeners.actions import facts_for, in_modal, resume_when_ready
+from bot.listeners.actions import facts_for, in_modal, settled
 from bot.listeners.fields import obj
 
 MAX_REASON = 500
@@ -51,10 +51,51 @@ async def on_deny_submitted(
             await deps.delivery.refresh_card(client, refusal.approval)  # the state changed
         return
     await ack()
-    if decided.turn_ready:  # first: the requester waits on it, the card can follow
-        resume_when_ready(deps, client, decided.turn_id)
-    await deps.delivery.refresh_card(client, decided.approval)
+    await settled(deps, client, decided)
+
+
+async def on_answer_submitted(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+) -> None:
+    """The answer to a question: free text, or its tool's form; checked, then recorded once.
+    Whatever is wrong is shown in the modal, next to the input it concerns."""
+    opened = in_modal(body)
+    approval = await deps.workflow.approval(opened[0], opened[3]) if opened else None
+    if opened is None or approval is None:
+        await ack()
+        return
+    team, user, channel, approval_id = opened
+    state = obj(obj(obj(body.get("view")).get("state")).get("values"))
+    form = deps.workflow.question_form(approval.request.tool)
+    answer: Any
+    if form is not None:
+        answer, errors = forms.form_values(form, state)
+        first = next(iter(forms.properties(form)), "answer")
+    else:
+        text = obj(obj(state.get("answer")).get("value")).get("value")
+        answer, errors, first = str(text or "").replace("\x00", "").strip(), {}, "answer"
+    if errors:
+        await ack(response_action="errors", errors=errors)
+        return
+    facts = facts_for(deps, client, user, channel)
+    try:
+        decided = await deps.workflow.answer(team, approval_id, user, answer, facts=facts)
+    except InvalidAnswer as invalid:
+        shown = {
+            k if k in forms.properties(form or {}) else first: v for k, v in invalid.errors.items()
+        }
+        await ack(response_action="errors", errors=shown)
+        return
+    except DecisionRefused as refusal:
+        text = blocks.refusal_text(refusal.reason, refusal.approval)
+        await ack(response_action="errors", errors={first: text})
+        if refusal.reason == "already_decided" and refusal.approval is not None:
+            await deps.delivery.refresh_card(client, refusal.approval)  # the state changed
+        return
+    await ack()
+    await settled(deps, client, decided)
 
 
 def register(app: AsyncApp) -> None:
     app.view("deny_reason")(on_deny_submitted)
+    app.view("answer")(on_answer_submitted)

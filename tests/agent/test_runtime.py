@@ -6,9 +6,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from genkit.exp import Genkit
+from genkit.exp import Genkit, InMemorySessionStore
+from genkit.middleware import BaseMiddleware
 
-from agent.runtime import ToolModuleError, load_tools
+from agent.runtime import AgentConfig, ToolModuleError, build_runtime, load_tools
+from tests.fakes.scripted_model import ScriptedModel
 
 TOOL = """
 from genkit import Genkit
@@ -62,3 +64,32 @@ def test_a_preview_that_cannot_be_used_stops_the_start(
     with pytest.raises(ToolModuleError, match=message):
         load_tools(Genkit(), [name])
     sys.modules.pop(name, None)
+
+
+def test_interrupts_a_module_defines_are_known_as_questions(tmp_path: Path) -> None:
+    name = module(tmp_path, "mod_asks", "plain", "")
+    (tmp_path / "mod_asks2.py").write_text(
+        "def register(ai):\n    return [ai.define_interrupt('confirm', description='c')]\n"
+    )
+    ai = Genkit()
+    loaded = load_tools(ai, [name, "mod_asks2"])
+    assert [t.name for t in loaded.tools] == ["plain", "confirm"]
+    assert loaded.interrupts == {"confirm"}
+    assert "define_interrupt" not in vars(ai)  # the instance is as it was
+    sys.modules.pop(name, None)
+    sys.modules.pop("mod_asks2", None)
+
+
+@pytest.mark.parametrize("ask_human", [True, False])
+def test_ask_human_is_built_in_unless_turned_off(ask_human: bool) -> None:
+    questions: set[str] = set()
+    runtime = build_runtime(
+        AgentConfig(model="scripted", tool_modules=(), ask_human=ask_human),
+        store=InMemorySessionStore(),
+        middleware=BaseMiddleware,
+        previews={},
+        questions=questions,
+        setup=ScriptedModel().register,
+    )
+    assert ("askHuman" in runtime.tools) is ask_human
+    assert questions == runtime.questions == ({"askHuman"} if ask_human else set())

@@ -71,6 +71,7 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "usergroups_users_list": ("usergroups:read",),
     "conversations_info": ("channels:read", "groups:read"),  # public and private channels
     "conversations_history": ("channels:history", "groups:history"),  # a card cut off
+    "conversations_replies": ("im:history", "channels:history"),  # a question cut off
     "auth_test": (),  # which workspace POLICY_FILE is for
 }
 EVENT_SCOPES = {

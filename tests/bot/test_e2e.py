@@ -384,7 +384,9 @@ async def test_unknown_tool_help_pending_and_audit(
     client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
 ) -> None:
     _, body = await client.command(team, ADMIN, "allow launchRockets")
-    assert body == "There is no tool `launchRockets`. Known tools: `getBalance`, `transferMoney`"
+    assert body == (
+        "There is no tool `launchRockets`. Known tools: `askHuman`, `getBalance`, `transferMoney`"
+    )
 
     _, help_text = await client.command(team, REQUESTER, "help")
     assert help_text.startswith("*`/approvals`*") and "`allow <tool>`" in help_text

@@ -145,6 +145,7 @@ class FakeSlack:
             "conversations.info": self._conversation_info,
             "conversations.members": self._conversation_members,
             "conversations.history": self._history,
+            "conversations.replies": self._replies,
             "assistant.threads.setStatus": lambda args: {"ok": True},
             "assistant.threads.setSuggestedPrompts": lambda args: {"ok": True},
             "chat.startStream": self._start_stream,
@@ -433,6 +434,18 @@ class FakeSlack:
             if m.get("channel") == channel and float(ts) >= oldest
         ]
         return {"ok": True, "messages": found, "has_more": False}
+
+    def _replies(self, args: JSON) -> JSON:
+        """A thread's messages this fake posted (its parent among them), oldest first."""
+        thread = str(args.get("ts") or "")
+        if not thread:
+            return _err("thread_not_found")
+        found = [
+            m
+            for m in self._history(args)["messages"]
+            if thread in (m.get("ts"), m.get("thread_ts"))
+        ]
+        return {"ok": True, "messages": found[::-1], "has_more": False}
 
     def _conversation_members(self, args: JSON) -> JSON:
         members = self.members.get(str(args.get("channel", "")), [])

@@ -19,6 +19,7 @@ from storage import transitions
 from storage.approval_store import ApprovalStore
 from storage.db import SessionFactory, make_session_factory
 from storage.lifecycle import (
+    ANSWER,
     APPROVE,
     CARD_FAILED,
     CARD_POSTED,
@@ -34,6 +35,7 @@ from storage.lifecycle import (
     RETRY_CARD,
     START_EXECUTION,
     STATES,
+    Answered,
     Approval,
     ApprovalState,
     Approved,
@@ -81,6 +83,7 @@ class Db:
         lease_until: datetime | None = None,
         attempts: int = 0,
         siblings: tuple[ApprovalState, ...] = (),
+        asks: str | None = None,
     ) -> tuple[Approval, str]:
         """A conversation (held), a turn and its approval (and siblings) in the given states,
         written directly; the approval as the store reads it, and the conversation id."""
@@ -132,6 +135,7 @@ class Db:
                     output={"ok": True} if execution == ExecutionState.FINISHED else None,
                     card_channel="C0APPROVE",
                     card_ts=None,
+                    asks=asks if i == 0 else None,
                 )
             )
         async with self.sessions.begin() as db:
@@ -176,6 +180,7 @@ Act = Callable[[Db, Approval], Awaitable[object]]
 APPROVAL_ACTS: dict[Transition, Act] = {
     APPROVE: lambda d, a: d.store.decide(a, Approved("UBOSS", NOW, "ok")),
     DENY: lambda d, a: d.store.decide(a, Denied("UBOSS", NOW, "no")),
+    ANSWER: lambda d, a: d.store.answer(a, Answered("UBOSS", NOW, "yes")),
     EXPIRE: lambda d, a: d.store.expire(a, now=NOW),
     START_EXECUTION: lambda d, a: d.store.start_execution(a, now=NOW),
     FINISH_EXECUTION: lambda d, a: d.store.finish_execution(a, output={"ok": 1}, now=NOW),
@@ -187,10 +192,15 @@ async def test_approval_transitions_take_exactly_when_the_table_allows(
     db: Db, transition: Transition
 ) -> None:
     act = APPROVAL_ACTS[transition]
-    combos = itertools.product(ApprovalState, ExecutionState, (NOW - HOUR, NOW + HOUR))
-    for status, execution, expires_at in combos:
-        approval, _ = await db.seed(status=status, execution=execution, expires_at=expires_at)
+    deadlines, asking = (NOW - HOUR, NOW + HOUR), (None, "requester")
+    combos = itertools.product(ApprovalState, ExecutionState, deadlines, asking)
+    for status, execution, expires_at, asks in combos:
+        approval, _ = await db.seed(
+            status=status, execution=execution, expires_at=expires_at, asks=asks
+        )
         holds = {
+            Requirement.ASKS_APPROVAL: asks is None,
+            Requirement.ASKS_ANSWER: asks is not None,
             Requirement.BEFORE_DEADLINE: expires_at > NOW,
             Requirement.PAST_DEADLINE: expires_at <= NOW,
             Requirement.APPROVED: status == ApprovalState.APPROVED,
@@ -200,7 +210,7 @@ async def test_approval_transitions_take_exactly_when_the_table_allows(
         }
         state = execution if transition.subject == Subject.EXECUTION else status
         enters = expected(transition, state, holds)
-        case = f"{transition.name} from {status}/{execution}, expires {expires_at:%H:%M}"
+        case = f"{transition.name} from {status}/{execution}, expires {expires_at:%H:%M}, {asks}"
         audits = await db.audit_rows()
         if enters is None:
             with pytest.raises(IllegalTransition) as refused:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from storage.lifecycle import (
+    ANSWER,
     APPROVE,
     CARD_FAILED,
     CARD_POSTED,
@@ -27,6 +28,7 @@ from storage.lifecycle import (
     STATES,
     TRANSITIONS,
     VOTE,
+    Answered,
     Approval,
     ApprovalState,
     Approved,
@@ -55,9 +57,16 @@ NOW = datetime(2026, 1, 2, 3, 4, tzinfo=UTC)
 ALLOWED: dict[tuple[Transition, State | None], tuple[State, set[Requirement]]] = {
     (PAUSE, None): (T.WAITING, set()),
     (REQUEST, None): (A.PENDING, set()),
-    (VOTE, A.PENDING): (A.PENDING, {R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_SHORT}),
-    (APPROVE, A.PENDING): (A.APPROVED, {R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_MET}),
-    (DENY, A.PENDING): (A.DENIED, {R.BEFORE_DEADLINE}),
+    (VOTE, A.PENDING): (
+        A.PENDING,
+        {R.ASKS_APPROVAL, R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_SHORT},
+    ),
+    (APPROVE, A.PENDING): (
+        A.APPROVED,
+        {R.ASKS_APPROVAL, R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_MET},
+    ),
+    (DENY, A.PENDING): (A.DENIED, {R.ASKS_APPROVAL, R.BEFORE_DEADLINE}),
+    (ANSWER, A.PENDING): (A.ANSWERED, {R.ASKS_ANSWER, R.BEFORE_DEADLINE}),
     (EXPIRE, A.PENDING): (A.EXPIRED, {R.PAST_DEADLINE}),
     (START_EXECUTION, E.NOT_STARTED): (E.STARTED, {R.APPROVED, R.SAME_CALL}),
     (FINISH_EXECUTION, E.STARTED): (E.FINISHED, set()),
@@ -123,6 +132,7 @@ def test_audited_transitions_name_fields_an_approval_has() -> None:
         "vote": "approved",
         "approve": "approved",
         "deny": "denied",
+        "answer": "answered",
         "expire": "expired",
         "start execution": "execution_started",
         "finish execution": "executed",
@@ -131,7 +141,7 @@ def test_audited_transitions_name_fields_an_approval_has() -> None:
         "escalate": "escalated",
     }
     for spec in audited.values():
-        assert set(spec.detail) <= {"input", "why", "reason", "output"}
+        assert set(spec.detail) <= {"input", "why", "reason", "answer", "output"}
 
 
 def approval(**over: object) -> Approval:
@@ -150,6 +160,7 @@ def test_an_approvals_state_follows_its_typed_values() -> None:
     assert approval(decision=Approved("U2", NOW)).state == A.APPROVED
     assert approval(decision=Denied("U2", NOW, "no")).state == A.DENIED
     assert approval(decision=Expired(NOW)).state == A.EXPIRED
+    assert approval(decision=Answered("U2", NOW, "42")).state == A.ANSWERED
     assert approval(execution=Started()).execution_state == E.STARTED
     assert approval(execution=Finished({"ok": True})).execution_state == E.FINISHED
     assert approval(execution=NotStarted()).execution_state == E.NOT_STARTED
