@@ -345,6 +345,10 @@ class Workflow:
             await self._check_eligible(approval, found[1], person, facts)
         return approval
 
+    def asks(self, tool: str) -> bool:
+        """Whether `tool` only asks a person (agent/questions.py)."""
+        return tool in self._runtime.questions
+
     def question_form(self, tool: str) -> dict[str, Any] | None:
         """The JSON schema an answer to `tool`'s question must fit; None: free text."""
         return answer_form(self._runtime.tools.get(tool))

@@ -67,8 +67,10 @@ def parse_duration(text: str) -> timedelta:
     return value
 
 
-def describe(policy: Policy) -> str:
-    state = "runs freely" if policy.allowed else "needs approval"
+def describe(policy: Policy, *, asks: bool = False) -> str:
+    """One tool's policy as an admin reads it; `asks`: the tool only asks a person (its
+    policy says where approvers' questions go and who answers them)."""
+    state = "asks a person" if asks else "runs freely" if policy.allowed else "needs approval"
     channel = f"<#{policy.channel}>" if policy.channel else "_no channel: set one with `route`_"
     who = _who(policy.approver_users, policy.approver_groups)
     hours = policy.timeout.total_seconds() / 3600
@@ -141,7 +143,7 @@ async def change(c: Invocation) -> str:
     if refused := await public_channel_refusal(c, tool, changes):
         return refused
     policy = await c.deps.workflow.policies.change(c.team, tool, by=c.user, **changes)
-    return "Done.\n" + describe(policy)
+    return "Done.\n" + describe(policy, asks=c.deps.workflow.asks(tool))
 
 
 async def public_channel_refusal(c: Invocation, tool: str, changes: dict[str, Any]) -> str | None:
@@ -169,7 +171,8 @@ async def public_channel_refusal(c: Invocation, tool: str, changes: dict[str, An
 
 async def list_tools(c: Invocation) -> str:
     policies = await c.deps.workflow.policies.all(c.team)
-    return "\n".join(describe(p) for p in policies) or "No tools are loaded."
+    asks = c.deps.workflow.asks
+    return "\n".join(describe(p, asks=asks(p.tool)) for p in policies) or "No tools are loaded."
 
 
 async def list_pending(c: Invocation) -> str:

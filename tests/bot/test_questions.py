@@ -247,3 +247,13 @@ async def test_a_tool_that_asks_with_a_typed_answer_gets_a_form(
     [response] = gemini.function_responses()
     assert response["response"]["content"] == {"warehouse": "north", "quantity": 3}
     await settle(service)
+
+
+async def test_policy_listing_says_which_tools_ask_a_person(
+    client: SlackClient, team: str, service: Service
+) -> None:
+    from tests.bot.conftest import ADMIN
+
+    _, listing = await client.command(team, ADMIN, "list")
+    assert "• `askHuman` — asks a person" in listing
+    assert "• `transferMoney` — needs approval" in listing
