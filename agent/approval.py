@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, assert_never
 
-from genkit import GenkitError, Message, Part
-from genkit._ai._tools import Interrupt
+from genkit import Action, GenkitError, Message, Part, ToolRequest
+from genkit._ai._tools import Interrupt, run_tool_request
 from genkit.middleware import (
     BaseMiddleware,
     GenerateMiddlewareContext,
@@ -262,22 +262,63 @@ def asking(exc: BaseException) -> dict[str, Any] | None:
 def invalid_input(params: ToolHookParams) -> str | None:
     """What is wrong with a call's input by its tool's own schema, said so that the model can
     correct it; None when the input is valid (or the tool declares no schema)."""
-    adapter = params.tool.input_type
     request = params.tool_request_part.tool_request
-    if adapter is None or request is None:
+    if request is None or not (errors := input_errors(params.tool, request.input)):
         return None
+    problems = "; ".join(f"{field}: {message}" for field, message in list(errors.items())[:10])
+    return (
+        f"invalid input for {params.tool.name} ({problems}); it did not run and nobody was "
+        "asked to approve it. Correct the input and call the tool again."
+    )
+
+
+def input_errors(tool: Action, value: Any) -> dict[str, str]:
+    """What is wrong with `value` as the tool's input, by its own schema, by field ("input"
+    for the whole); {} when it is valid or the tool declares no schema."""
+    if tool.input_type is None:
+        return {}
     try:
-        adapter.validate_python(request.input)
+        tool.input_type.validate_python(value)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}"
-            for e in exc.errors()[:10]
-        )
-        return (
-            f"invalid input for {params.tool.name} ({problems}); it did not run and nobody was "
-            "asked to approve it. Correct the input and call the tool again."
-        )
-    return None
+        errors: dict[str, str] = {}
+        for e in exc.errors():
+            errors.setdefault(".".join(str(p) for p in e["loc"]) or "input", e["msg"])
+        return errors
+    return {}
+
+
+async def run_edited(
+    store: ApprovalStore,
+    tool: Action | None,
+    approval: Approval,
+    *,
+    clock: Callable[[], datetime],
+) -> None:
+    """Run an approved call with its approver's changes, at most once: Genkit refuses a
+    restart whose input differs, so the workflow runs it here, behind the same gate as
+    `run_approved` (START_EXECUTION first, FINISH_EXECUTION with the output). The tool sees
+    the approval id (`resumed_metadata`) and the input it was asked for (`original_input`).
+    Only a call whose start is recorded here runs; any other caller changes nothing."""
+    assert approval.edit is not None
+    try:
+        await store.start_execution(approval, now=clock())
+    except IllegalTransition:
+        return  # started before (a crash, or another replica): the record answers it
+    r = approval.request
+    meta = {"tool_approved": True, "approval_id": approval.id, "approved_by": approval.edit.by}
+    part = Part(
+        tool_request=ToolRequest(name=r.tool, ref=r.ref or None, input=approval.edit.input),
+        metadata={"resumed": meta, "replacedInput": r.input},
+    )
+    try:
+        if tool is None:
+            raise LookupError(f"the agent no longer has {r.tool}")
+        raw = await run_tool_request(tool=tool, tool_request_part=part)
+        output = jsonable(raw.output if isinstance(raw, MultipartToolResponse) else raw)
+    except Exception:
+        log.exception("approved tool %s failed with changes (approval %s)", r.tool, approval.id)
+        output = {"ok": False, "error": f"the tool {r.tool} failed; it may need a retry"}
+    await store.finish_execution(approval, output=output, now=clock())
 
 
 def answer_from_record(refused: IllegalTransition, tool: str) -> Any:

@@ -14,13 +14,21 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from types import EllipsisType
 from typing import Any, Literal, assert_never
 
 from genkit import Part
 from genkit.exp import AgentChat, AgentFinishReason, AgentInput, AgentInterrupt, AgentResponse
 
-from agent.approval import TurnScope, current_scope, interrupt_note, recorded
-from agent.context import Line, conversation_lines, human_message
+from agent.approval import (
+    TurnScope,
+    current_scope,
+    input_errors,
+    interrupt_note,
+    recorded,
+    run_edited,
+)
+from agent.context import Line, as_provenance, conversation_lines, human_message
 from agent.policy import ApproverFacts, Policy, PolicyService, Refusal, refusal
 from agent.questions import answer_form, answered, form_errors
 from agent.runtime import AgentRuntime
@@ -40,6 +48,7 @@ from storage.lifecycle import (
     Claim,
     Context as Context,
     Denied as Denied,
+    Edit as Edit,
     EscalationState,
     Expired as Expired,
     Finished as Finished,
@@ -130,6 +139,8 @@ class Resumed:
 RefusalReason = (
     Refusal
     | Literal["not_found", "already_decided", "already_voted"]
+    # Changed since the approver saw it; changes that would need more approvers.
+    | Literal["changed", "needs_more_approvers"]
     # A question answers no Approve or Deny; only the requester answers what asks them.
     | Literal["a_question", "not_a_question", "not_the_requester"]
 )
@@ -273,9 +284,10 @@ class Workflow:
             participants=asked.participants,
             approvals={a.id: a for a in claim.approvals},
         )
-        respond, restart = resume_parts(claim.approvals, self._forms)
         heartbeat = asyncio.create_task(self._keep_lease(claim))
         try:
+            approvals = await self._run_edited(claim)
+            respond, restart = resume_parts(approvals, self._forms)
             out = await self._run(
                 scope,
                 claim.snapshot_id,
@@ -401,11 +413,18 @@ class Workflow:
         return approval, conversation_lines(messages)
 
     async def _check_eligible(
-        self, approval: Approval, stored: StoredPolicy | None, person: str, facts: Facts
+        self,
+        approval: Approval,
+        stored: StoredPolicy | None,
+        person: str,
+        facts: Facts,
+        *,
+        policy: Policy | None = None,
     ) -> None:
-        """DecisionRefused unless `person` may decide this request (agent/policy.py)."""
+        """DecisionRefused unless `person` may decide this request (agent/policy.py), under
+        its tool's policy for the call as asked (or `policy`, given)."""
         r = approval.request
-        policy = self._policies.of(r.tool, stored).for_request(r)
+        policy = policy or self._policies.of(r.tool, stored).for_request(r)
         if callable(facts):
             facts = await facts(approval, policy)
         why = refusal(
@@ -428,23 +447,80 @@ class Workflow:
         approve: bool,
         reason: str | None = None,
         facts: Facts | None = None,
+        seen: datetime | EllipsisType | None = ...,
     ) -> Decided:
-        """Record one decision, atomically; raises DecisionRefused and changes nothing else."""
+        """Record one decision, atomically; raises DecisionRefused and changes nothing else.
+        `seen`: the edit the approver saw (None: the request as it was asked); an Approve
+        of a request changed since is refused."""
         approval = await self.check_decider(
             team_id, approval_id, approver, facts or ApproverFacts()
         )
         now = self._clock()
         decision = Approved(approver, now, reason) if approve else Denied(approver, now, reason)
         try:
-            decided, others_pending = await self._store.decide(approval, decision)
-        except IllegalTransition as refused:  # decided first by someone, or time ran out
-            current = await self._expire_if_overdue(refused.current or approval)
-            if Requirement.NEW_VOTER in refused.unmet and current.decision is None:
-                raise DecisionRefused("already_voted", current) from None
-            raise DecisionRefused("already_decided", current) from None
+            decided, others_pending = await self._store.decide(approval, decision, seen=seen)
+        except IllegalTransition as refused:
+            raise await self._refused(refused, approval) from None
         # A vote towards a quorum leaves the approval pending: nothing to resume yet.
         ready = decided.decision is not None and others_pending == 0
         return Decided(decided, turn_ready=ready)
+
+    def edit_form(self, tool: str) -> dict[str, Any] | None:
+        """The JSON schema of `tool`'s input, for an approver's changes; None: no schema."""
+        found = self._runtime.tools.get(tool)
+        schema = found.input_schema if found is not None else None
+        return schema if isinstance(schema, dict) and schema.get("properties") else None
+
+    async def approve_with_changes(
+        self,
+        team_id: str,
+        approval_id: str,
+        approver: str,
+        changed: dict[str, Any],
+        *,
+        facts: Facts | None = None,
+        seen: datetime | EllipsisType | None = ...,
+    ) -> Decided:
+        """Approve, running the call with `changed` as its input instead. The changes must
+        fit the tool's schema (InvalidAnswer by field) and may not make the call need more
+        approvers than it asked for; the approver must be one both for the call as asked and
+        as changed. With several approvers needed, the edit stands with this approver's vote
+        alone: the others approved something else."""
+        facts = facts or ApproverFacts()
+        approval = await self.check_decider(team_id, approval_id, approver, facts)
+        r = approval.request
+        if changed == r.input:
+            return await self.decide(team_id, approval_id, approver, approve=True, facts=facts)
+        tool = self._runtime.tools.get(r.tool)
+        if tool is None or (errors := input_errors(tool.action(), changed)):
+            raise InvalidAnswer(errors if tool is not None else {"input": "no such tool"})
+        edit = Edit(changed, approver, self._clock())
+        # What the approver typed is theirs: for a rule, a changed value came from a human.
+        sources = {**r.context.sources, **dict.fromkeys(edit.changes(r.input), Source("human"))}
+        stored = await self._policies.get(team_id, r.tool)
+        policy = stored.for_call(changed, r.requester, as_provenance(changed, sources))
+        if not policy.allowed and policy.approvals > r.approvals_needed:
+            raise DecisionRefused("needs_more_approvers", approval)
+        await self._check_eligible(approval, None, approver, facts, policy=policy)
+        try:
+            if r.approvals_needed > 1:
+                done = await self._store.edit(approval, edit, seen=seen)
+                return Decided(done, turn_ready=False)
+            decided, others_pending = await self._store.decide(
+                approval, Approved(approver, edit.at), edited=edit, seen=seen
+            )
+        except IllegalTransition as refused:
+            raise await self._refused(refused, approval) from None
+        return Decided(decided, turn_ready=others_pending == 0)
+
+    async def _refused(self, refused: IllegalTransition, approval: Approval) -> DecisionRefused:
+        """Why an Approve, a Deny or an edit changed nothing, for the person who tried."""
+        current = await self._expire_if_overdue(refused.current or approval)
+        if current.decision is None and Requirement.AS_SEEN in refused.unmet:
+            return DecisionRefused("changed", current)
+        if current.decision is None and Requirement.NEW_VOTER in refused.unmet:
+            return DecisionRefused("already_voted", current)
+        return DecisionRefused("already_decided", current)
 
     async def _expire_if_overdue(self, approval: Approval) -> Approval:
         """A pending approval past its deadline is expired, whoever touches it first (a click,
@@ -631,6 +707,21 @@ class Workflow:
             )
         return turn, tuple(approvals)
 
+    async def _run_edited(self, claim: Claim) -> tuple[Approval, ...]:
+        """Run the calls approved with changes that have not run (at most once each: see
+        agent/approval.py `run_edited`); the turn's approvals as they are then."""
+        edited = [
+            a
+            for a in claim.approvals
+            if a.edit and isinstance(a.decision, Approved) and isinstance(a.execution, NotStarted)
+        ]
+        for approval in edited:
+            tool = self._runtime.tools.get(approval.request.tool)
+            await run_edited(
+                self._store, tool.action() if tool else None, approval, clock=self._clock
+            )
+        return await self._store.turn_approvals(claim.turn_id) if edited else claim.approvals
+
     async def _resume_failed(self, claim: Claim) -> Resumed | None:
         """Leave the turn for the sweep to retry, or give up after a few attempts."""
         now = self._clock()
@@ -674,6 +765,12 @@ def resume_parts(
             respond.append(intr.respond(answered(approval, r.tool in forms)))
             continue
         match approval.decision:
+            case Approved() if approval.edit is not None:  # run by the workflow, answered here
+                if isinstance(approval.execution, NotStarted):
+                    raise ValueError(f"approval {approval.id} was edited and has not run")
+                changes = approval.edit.changes(r.input)
+                output = recorded(approval.execution)
+                respond.append(intr.respond({"output": output, "approved_with_changes": changes}))
             case Approved(by=by):
                 if isinstance(approval.execution, NotStarted):
                     meta = {"tool_approved": True, "approval_id": approval.id, "approved_by": by}

@@ -14,7 +14,7 @@ import json
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from agent.context import Line
@@ -331,6 +331,30 @@ def history_text(r: Request) -> str | None:
     )
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def as_seen(a: Approval) -> str:
+    """A button's value: the approval, and the edit it shows (so a click on a card drawn
+    before a change approves nothing it did not show)."""
+    if a.edit is None:
+        return a.id
+    return f"{a.id}~{(_utc(a.edit.at) - EPOCH) // timedelta(microseconds=1)}"
+
+
+def edit_text(a: Approval) -> str:
+    """An approver's changes: each field, struck through and replaced."""
+    assert a.edit is not None
+    lines = []
+    for key, change in list(a.edit.changes(a.request.input).items())[:20]:
+        old, new = (_fit(_show(change[k], 200), 200)[0] for k in ("from", "to"))
+        was = f"~{old}~" if change["from"] is not None else "_(none)_"
+        now = new if change["to"] is not None else "_(removed)_"
+        lines.append(f"• *{_fit(str(key), KEY_MAX)[0]}*: {was} → {now}")
+    who = f"✏️ *Changed by {mention(a.edit.by)}* at {date(a.edit.at)}: the call runs with"
+    return f"{who}\n" + "\n".join(lines)
+
+
 def quorum_text(a: Approval) -> str:
     """How far a request that needs several approvers got: '1 of 2 approvals: @alice'."""
     needed = a.request.approvals_needed
@@ -393,6 +417,8 @@ def approval_card(
     if shortened:
         shows.append(_button("Show full request", "show_request", a.id))
     blocks.append({"type": "actions", "block_id": "request", "elements": shows})
+    if a.edit is not None:
+        blocks.append(_section(edit_text(a)))
     if r.approvals_needed > 1:
         blocks.append(_section(quorum_text(a)))
     if pending and a.escalated and a.escalation is not None:
@@ -412,7 +438,8 @@ def approval_card(
                 "type": "actions",
                 "block_id": "approval",
                 "elements": [
-                    _button("Approve", "approve", a.id, "primary"),
+                    _button("Approve", "approve", as_seen(a), "primary"),
+                    _button("Edit & approve", "edit_approve", as_seen(a)),
                     _button("Deny", "deny", a.id, "danger"),
                 ],
             }
@@ -660,6 +687,13 @@ def refusal_text(reason: str, a: Approval | None) -> str:
             f"Approvals for {tool} go to a channel anyone can join, so its members can't "
             f"approve. An admin must make the channel private or name approvers ({command})."
         )
+    if reason == "changed":
+        return "The request was changed since your card showed it: look at it again."
+    if reason == "needs_more_approvers":
+        return (
+            "With those changes the call needs more approvers than it asked for. Deny it and "
+            "ask the agent to request it again."
+        )
     if reason == "a_question":
         return "This is a question, not an approval: answer it with Answer."
     if reason == "not_a_question":
@@ -770,6 +804,31 @@ def conversation_modal(
         "close": {"type": "plain_text", "text": "Close"},
         "blocks": [head, *body],
     }
+
+
+def edit_modal(a: Approval, form: list[Block]) -> dict[str, Any]:
+    """Edit & approve: every argument of the call, to change before approving it."""
+    r = a.request
+    note = (
+        "Your changes count as your approval; the others who approved it will be asked again."
+        if r.approvals_needed > 1
+        else "The call runs with your changes, and the agent is told what you changed."
+    )
+    return {
+        "type": "modal",
+        "callback_id": "edit_approve",
+        "title": {"type": "plain_text", "text": "Edit & approve"},
+        "submit": {"type": "plain_text", "text": "Approve"},
+        "close": {"type": "plain_text", "text": "Cancel"},
+        "blocks": [
+            _section(f"{_code(r.tool)} requested by {mention(r.requester)}. {note}"),
+            *form,
+        ],
+    }
+
+
+def not_editable(a: Approval) -> str:
+    return f"{_code(a.request.tool)} declares no input schema, so it can't be edited here."
 
 
 def deny_modal(a: Approval) -> dict[str, Any]:

@@ -16,7 +16,14 @@ from genkit.model import Message, ModelRequest, ModelResponse
 from agent.assemble import build_workflow, utc_now
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import AwaitingApproval, Reply, Thread, TurnOutcome, Workflow
+from agent.workflow import (
+    AnsweredInThread,
+    AwaitingApproval,
+    Reply,
+    Thread,
+    TurnOutcome,
+    Workflow,
+)
 from bot import blocks
 from storage.db import make_engine, make_session_factory
 from storage.migrate import upgrade
@@ -25,7 +32,8 @@ TEAM, EMPLOYEE, APPROVER, CHANNEL = "TDEMO", "UEMPLOYEE", "UAPPROVER", "CAPPROVA
 
 
 def scripted_model(ai: Genkit) -> None:
-    """A stand-in for Gemini: asks for the tool the message names, then reports the result."""
+    """A stand-in for Gemini: asks for the tool the message names (or asks a question when it
+    names no account), then reports the result."""
 
     async def model(request: ModelRequest[Any], ctx: Any) -> ModelResponse:
         last = request.messages[-1]
@@ -34,6 +42,11 @@ def scripted_model(ai: Genkit) -> None:
             output = result.output if result else None
             if isinstance(output, dict) and output.get("ok") is False:
                 reply = f"I couldn't do that: {output.get('error')}."
+            elif isinstance(output, dict) and "approved_with_changes" in output:
+                changed = output["approved_with_changes"]
+                reply = f"Done, with the approver's changes {changed}: {output['output']}."
+            elif isinstance(output, dict) and "answer" in output:
+                reply = f'Thanks ("{output["answer"]}"): I\'ll set that up.'
             else:
                 reply = f"Done: {output}."
             return ModelResponse(message=Message(role=Role.MODEL, content=[Part.from_text(reply)]))
@@ -42,6 +55,9 @@ def scripted_model(ai: Genkit) -> None:
             call = Part.from_tool_request(
                 name="exportData", input={"dataset": "customers", "destination": "me@example.com"}
             )
+        elif "landlord" in said.lower():
+            question = {"question": "Which account is your landlord's, and how much is the rent?"}
+            call = Part.from_tool_request(name="askHuman", input=question)
         else:
             call = Part.from_tool_request(
                 name="transferMoney", input={"amount": 500, "toAccount": "12345"}
@@ -57,7 +73,13 @@ def show(who: str, text: str) -> None:
 
 
 async def one_request(
-    workflow: Workflow, ts: str, text: str, *, approve: bool, reason: str | None
+    workflow: Workflow,
+    ts: str,
+    text: str,
+    *,
+    approve: bool,
+    reason: str | None = None,
+    changes: dict[str, Any] | None = None,
 ) -> None:
     show(f"{EMPLOYEE} (employee, in a DM)", text)
     outcome: TurnOutcome = await workflow.start_turn(Thread(TEAM, "DDEMO", ts), EMPLOYEE, text)
@@ -66,16 +88,19 @@ async def one_request(
     description = workflow.describe(approval.request.tool)
     card = blocks.approval_card(approval, description=description, thread_link=None, now=utc_now())
     show(f"Approval card in #{CHANNEL}", blocks.card_as_text(card))
-    verb = "Approve" if approve else "Deny" + (f' with reason "{reason}"' if reason else "")
-    show(f"{APPROVER} (approver)", f"clicks {verb}")
-    decided = await workflow.decide(
-        TEAM,
-        approval.id,
-        APPROVER,
-        approve=approve,
-        reason=reason,
-        facts=ApproverFacts(in_channel=True),
-    )
+    facts = ApproverFacts(in_channel=True)
+    if changes is not None:
+        show(f"{APPROVER} (approver)", f"clicks Edit & approve, and changes it to {changes}")
+        edited = approval.request.input | changes
+        decided = await workflow.approve_with_changes(
+            TEAM, approval.id, APPROVER, edited, facts=facts
+        )
+    else:
+        verb = "Approve" if approve else "Deny" + (f' with reason "{reason}"' if reason else "")
+        show(f"{APPROVER} (approver)", f"clicks {verb}")
+        decided = await workflow.decide(
+            TEAM, approval.id, APPROVER, approve=approve, reason=reason, facts=facts
+        )
     show(
         "Card, updated",
         blocks.card_as_text(
@@ -85,6 +110,23 @@ async def one_request(
         ),
     )
     resumed = await workflow.continue_turn(decided.turn_id)
+    assert resumed is not None and isinstance(resumed.outcome, Reply), resumed
+    show("Greenlight (reply in the employee's thread)", resumed.outcome.text)
+
+
+async def one_question(workflow: Workflow, ts: str, text: str, answer: str) -> None:
+    """The agent asks the employee, in their thread; their reply is the answer."""
+    show(f"{EMPLOYEE} (employee, in a DM)", text)
+    thread = Thread(TEAM, "DDEMO", ts)
+    outcome = await workflow.start_turn(thread, EMPLOYEE, text)
+    assert isinstance(outcome, AwaitingApproval), outcome
+    question = outcome.approvals[0]
+    card = blocks.question_card(question, description="", thread_link=None, now=utc_now())
+    show("Greenlight (a question in the employee's thread)", blocks.card_as_text(card))
+    show(f"{EMPLOYEE} (replies in the thread)", answer)
+    answered = await workflow.start_turn(thread, EMPLOYEE, answer)
+    assert isinstance(answered, AnsweredInThread) and answered.decided.turn_ready, answered
+    resumed = await workflow.continue_turn(answered.decided.turn_id)
     assert resumed is not None and isinstance(resumed.outcome, Reply), resumed
     show("Greenlight (reply in the employee's thread)", resumed.outcome.text)
 
@@ -105,7 +147,7 @@ async def run_demo() -> int:
                 "1.0001",
                 "Please transfer $500 to account 12345 for rent.",
                 approve=True,
-                reason=None,
+                changes={"amount": 300},
             )
             await one_request(
                 workflow,
@@ -113,6 +155,9 @@ async def run_demo() -> int:
                 "Export the customers table to me@example.com.",
                 approve=False,
                 reason="customer data stays in the warehouse",
+            )
+            await one_question(
+                workflow, "1.0003", "Pay my landlord, please.", "Account 12345, $900 a month."
             )
         finally:
             await engine.dispose()

@@ -19,6 +19,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from types import EllipsisType
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -36,6 +37,7 @@ from storage.lifecycle import (
     CLAIM,
     COMPLETE,
     DENY,
+    EDIT,
     ESCALATE,
     EXPIRE,
     FINISH_EXECUTION,
@@ -61,6 +63,7 @@ from storage.lifecycle import (
     Context,
     Decision,
     Denied,
+    Edit,
     EscalationState,
     Execution,
     ExecutionState,
@@ -159,6 +162,9 @@ _OTHERS_PENDING = (
 _completes = guard(APPROVE)  # read off the row as it was: this vote completes the quorum
 
 
+_EDITED = sa.bindparam("edited", type_=sa.JSON(none_as_null=True))
+
+
 def _if_complete(value: Any) -> sa.Case[Any]:
     return sa.case((_completes, value), else_=sa.null())
 
@@ -176,6 +182,10 @@ APPROVING = Atomic(
         decided_by=_if_complete(sa.bindparam("by")),
         decided_at=_if_complete(NOW),
         reason=_if_complete(sa.bindparam("because")),
+        # Approved with changes (one approver needed): the edit is part of the decision.
+        edited_input=sa.func.coalesce(_EDITED, A.c.edited_input),
+        edited_by=sa.case((_EDITED.is_not(None), sa.bindparam("by")), else_=A.c.edited_by),
+        edited_at=sa.case((_EDITED.is_not(None), NOW), else_=A.c.edited_at),
     )
     .returning(A, _OTHERS_PENDING),
     NewRow(V, "vote_"),
@@ -186,6 +196,22 @@ DENYING = Atomic(
         DENY, decided_by=sa.bindparam("by"), decided_at=NOW, reason=sa.bindparam("because")
     ).returning(_OTHERS_PENDING),
     NOTE,
+)
+# EDIT: the changes, the votes reset to the editor's; in one transaction (edits are rare).
+EDITING = write(
+    EDIT,
+    votes=1,
+    edited_input=sa.bindparam("edited", type_=sa.JSON(none_as_null=True)),
+    edited_by=sa.bindparam("by"),
+    edited_at=NOW,
+)
+_EDITOR = sa.bindparam("by", type_=V.c.voter.type)
+OTHER_VOTES = sa.delete(V).where(V.c.approval_id == ROW_ID, V.c.voter != _EDITOR)
+EDITORS_VOTE = sa.insert(V).from_select(
+    ["approval_id", "voter", "at"],
+    sa.select(ROW_ID, _EDITOR, NOW).where(
+        ~sa.exists().where(V.c.approval_id == ROW_ID, V.c.voter == _EDITOR)
+    ),
 )
 ANSWERING = Atomic(
     write(
@@ -452,13 +478,24 @@ class ApprovalStore:
 
     # -- approvals -----------------------------------------------------------------------
 
-    async def decide(self, approval: Approval, decision: Approved | Denied) -> tuple[Approval, int]:
-        """An Approve (VOTE, or APPROVE once it completes the quorum) or DENY, audited; the
-        approval as it is now, and how many of its turn's approvals still wait.
-        IllegalTransition (with the current approval) when it was decided already, its
-        deadline passed, or this person approved it before."""
-        decided = replace(approval, decision=decision)
-        params = {"by": decision.by, "because": decision.reason, "now": decision.at}
+    async def decide(
+        self,
+        approval: Approval,
+        decision: Approved | Denied,
+        *,
+        edited: Edit | None = None,
+        seen: datetime | EllipsisType | None = ...,
+    ) -> tuple[Approval, int]:
+        """An Approve (VOTE, or APPROVE once it completes the quorum; `edited`: with changes,
+        of a request one approver decides) or DENY, audited; the approval as it is now, and
+        how many of its turn's approvals still wait. IllegalTransition (with the current
+        approval) when it was decided already, its deadline passed, this person approved it
+        before, or it was changed since the approver `seen` it (by default: as `approval`
+        shows it)."""
+        decided = replace(approval, decision=decision, edit=edited or approval.edit)
+        params: dict[str, Any] = {"by": decision.by, "because": decision.reason}
+        params |= {"now": decision.at, "edited": edited.input if edited else None}
+        params["seen"] = _seen(approval, seen)
         if isinstance(decision, Denied):
             row = await self._change(DENYING, DENY, decided, decision.at, params)
             return _approval(row._mapping, approval.thread), int(row.others_pending)
@@ -481,6 +518,26 @@ class ApprovalStore:
                 raise await _refusal(db, VOTE, _EXPLAIN_APPROVAL, values) from None
         [now] = await self._with_votes([_approval(row._mapping, approval.thread)])
         return now, int(row.others_pending)
+
+    async def edit(
+        self, approval: Approval, edit: Edit, *, seen: datetime | EllipsisType | None = ...
+    ) -> Approval:
+        """EDIT a request that needs several approvers, audited, in one transaction: the
+        changes stand with the editor's vote alone. IllegalTransition when it was decided,
+        its deadline passed, or it needs one approver (then the edit is an APPROVE)."""
+        edited = replace(approval, edit=edit, votes=(Vote(edit.by, edit.at),))
+        params = _key(approval) | {"by": edit.by, "edited": edit.input, "now": edit.at}
+        params["seen"] = _seen(approval, seen)
+        note = NOTE.params(_audit(EDIT, edited, edit.at))
+        async with self._sessions.begin() as db:
+            row = (await db.execute(EDITING, params)).first()
+            if row is None:  # nothing was written: say why
+                raise await _refusal(db, EDIT, _EXPLAIN_APPROVAL, params)
+            await db.execute(OTHER_VOTES, params)
+            await db.execute(EDITORS_VOTE, params)
+            await db.execute(NOTE.alone(), note)
+        [now] = await self._with_votes([_approval(row._mapping, approval.thread)])
+        return now
 
     async def answer(self, approval: Approval, answered: Answered) -> tuple[Approval, int]:
         """ANSWER a question, audited: the approval as it is now, and how many of its turn's
@@ -717,6 +774,14 @@ def _thread(thread: Thread) -> dict[str, str]:
     return {"team": thread.team_id, "channel": thread.channel_id, "thread": thread.thread_ts}
 
 
+def _seen(approval: Approval, seen: datetime | EllipsisType | None) -> datetime | None:
+    """The edit an approver saw (its time; None: the request unedited): as given, or as
+    `approval` shows it."""
+    if seen is ...:
+        return approval.edit.at if approval.edit else None
+    return seen
+
+
 def _key(approval: Approval) -> dict[str, str]:
     return {"row_id": approval.id, "team": approval.thread.team_id}
 
@@ -732,6 +797,7 @@ def _audit(transition: Transition, approval: Approval, at: datetime) -> dict[str
     assert spec is not None, f"{transition.name} records nothing"
     r, decision, execution = approval.request, approval.decision, approval.execution
     decider: str = ""
+    editor = approval.edit.by if approval.edit else ""
     reason: str | None = None
     answer: Any = None
     match decision:
@@ -739,9 +805,15 @@ def _audit(transition: Transition, approval: Approval, at: datetime) -> dict[str
             pass
         case Answered(by=decider, answer=answer):
             pass
-    actor = {"decider": decider, "requester": r.requester, "greenlight": "greenlight"}
+    actor = {
+        "decider": decider,
+        "editor": editor,
+        "requester": r.requester,
+        "greenlight": "greenlight",
+    }
     fields = {
         "input": r.input,
+        "edited": approval.edit.input if approval.edit else None,
         "why": r.why,
         "reason": reason,
         "answer": answer,
@@ -795,11 +867,15 @@ def _approval(row: Mapping[Any, Any], thread: Thread) -> Approval:
             row["escalation_channel"],
             row["escalation_ts"],
         )
+    edit = None
+    if row["edited_input"] is not None:
+        edit = Edit(dict(row["edited_input"]), row["edited_by"], row["edited_at"])
     return Approval(
         id=row["id"],
         turn_id=row["turn_id"],
         thread=thread,
         request=request,
+        edit=edit,
         decision=_decision(row),
         execution=_execution(row),
         card=card,
@@ -852,6 +928,9 @@ def _columns(approval: Approval) -> dict[str, Any]:
         "context": CONTEXT.dump_python(r.context, mode="json", exclude_defaults=True) or None,
         "asks": r.asks,
         "answer": None,
+        "edited_input": None,
+        "edited_by": None,
+        "edited_at": None,
         "status": REQUEST.enters,
         "decided_by": None,
         "decided_at": None,

@@ -7,6 +7,7 @@ runs it (storage/approval_store.py), so the conditions live here and nowhere els
 States
     approval   pending -> approved | denied | expired      decided once, never changed
                pending -> answered | expired                a question: answered once
+               pending -> pending (EDIT)                    edited: earlier votes reset
     execution  not_started -> started -> finished           of an approved call only
     turn       waiting -> resuming -> done | failed         a turn paused on interrupts
                resuming -> resuming                         lease renewed, or taken over
@@ -49,8 +50,13 @@ A question (an interrupt that asks a person for input, not for approval) is a re
 it is ANSWERed or expires, never approved, and the turn resumes once every request of it,
 question or approval, is settled.
 
-Adding a state (an edited approval, say) is a change to the enums and TRANSITIONS below,
-as the quorum, the card's outbox, reminders, escalation and questions were:
+An approver may approve with changes: APPROVE records the edited input with the decision,
+or, when several approvers are needed, EDIT records it and resets the votes to the
+editor's (the others approved something else). Genkit refuses a restart whose input
+differs, so the workflow runs an edited call itself, behind the same START_EXECUTION gate.
+
+Adding a state is a change to the enums and TRANSITIONS below, as the quorum, the card's
+outbox, reminders, escalation, questions and edits were:
 storage derives its writes from them, and a new Requirement needs its SQL in
 storage/transitions.py's REQUIREMENTS (a test says so if it is missing).
 """
@@ -136,6 +142,8 @@ class Requirement(enum.StrEnum):
     POST_RAN_OUT = "the last attempt to post the card is older than its grace"
     ASKS_APPROVAL = "the request asks for an approval"
     ASKS_ANSWER = "the request asks a question"
+    SEVERAL_NEEDED = "the request needs several approvers"
+    AS_SEEN = "nobody changed the request since the approver saw it"
 
 
 @dataclass(frozen=True)
@@ -147,7 +155,7 @@ class Audit:
     """
 
     action: str
-    actor: Literal["decider", "requester", "greenlight"]
+    actor: Literal["decider", "editor", "requester", "greenlight"]
     detail: tuple[str, ...] = ()
 
 
@@ -195,7 +203,7 @@ VOTE = Transition(
     Subject.APPROVAL,
     {A.PENDING: ()},
     A.PENDING,
-    requires=(R.ASKS_APPROVAL, R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_SHORT),
+    requires=(R.ASKS_APPROVAL, R.AS_SEEN, R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_SHORT),
     audit=Audit("approved", "decider", ("input", "reason")),
 )
 APPROVE = Transition(
@@ -203,8 +211,18 @@ APPROVE = Transition(
     Subject.APPROVAL,
     {A.PENDING: ()},
     A.APPROVED,
-    requires=(R.ASKS_APPROVAL, R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_MET),
-    audit=Audit("approved", "decider", ("input", "reason")),
+    requires=(R.ASKS_APPROVAL, R.AS_SEEN, R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_MET),
+    audit=Audit("approved", "decider", ("input", "edited", "reason")),
+)
+# Approve with changes, of a request that needs several approvers: the edit stands with the
+# editor's vote alone (whether they had voted or not); the others vote again.
+EDIT = Transition(
+    "edit",
+    Subject.APPROVAL,
+    {A.PENDING: ()},
+    A.PENDING,
+    requires=(R.ASKS_APPROVAL, R.AS_SEEN, R.BEFORE_DEADLINE, R.SEVERAL_NEEDED),
+    audit=Audit("edited", "editor", ("input", "edited")),
 )
 DENY = Transition(
     "deny",
@@ -294,6 +312,7 @@ TRANSITIONS = (
     REQUEST,
     VOTE,
     APPROVE,
+    EDIT,
     DENY,
     ANSWER,
     EXPIRE,
@@ -443,6 +462,25 @@ Decision = Approved | Denied | Expired | Answered
 
 
 @dataclass(frozen=True)
+class Edit:
+    """An approver's changes to a request's input: the call runs with `input` instead."""
+
+    input: dict[str, Any]
+    by: str
+    at: datetime
+
+    def changes(self, original: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """Each changed field, `{"from": old, "to": new}` (None for a field added or
+        removed), for the model and the card."""
+        keys = dict.fromkeys([*original, *self.input])
+        return {
+            k: {"from": original.get(k), "to": self.input.get(k)}
+            for k in keys
+            if original.get(k) != self.input.get(k) or (k in original) != (k in self.input)
+        }
+
+
+@dataclass(frozen=True)
 class NotStarted:
     pass
 
@@ -493,6 +531,7 @@ class Approval:
     execution: Execution = field(default_factory=NotStarted)
     card: Card | None = None
     votes: tuple[Vote, ...] = ()  # of a quorum: who approved so far, in order
+    edit: Edit | None = None  # approved with changes: the call runs with these
     reminder: FollowUp | None = None
     escalation: FollowUp | None = None
 

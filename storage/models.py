@@ -151,6 +151,10 @@ class ApprovalRow(Base):
     # A question's: whom it asks (requester, approvers; NULL for an approval), the answer.
     asks: Mapped[str | None] = mapped_column(String(16))
     answer: Mapped[Any | None] = mapped_column(JSON)
+    # Approved with changes: the input the call runs with, and who changed it when.
+    edited_input: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    edited_by: Mapped[str | None] = mapped_column(String(32))
+    edited_at: Mapped[datetime | None]
     status: Mapped[ApprovalState] = mapped_column(_enum(ApprovalState))
     decided_by: Mapped[str | None] = mapped_column(String(32))
     decided_at: Mapped[datetime | None]

@@ -6,6 +6,7 @@ import contextlib
 import json
 import re
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from slack_bolt.async_app import AsyncAck, AsyncApp
@@ -19,6 +20,8 @@ from bot.deps import Deps
 from bot.listeners.fields import obj, slack_id
 
 APPROVAL_ID = re.compile(r"^[0-9a-f-]{8,64}$")
+# An Approve (or Edit & approve) names the edit its card showed: `<id>~<microseconds>`.
+AS_SEEN = re.compile(r"^(?P<id>[0-9a-f-]{8,64})(?:~(?P<seen>[0-9]{1,19}))?$")
 
 
 def clicked(body: dict[str, Any]) -> tuple[str, str, str | None, str] | None:
@@ -32,9 +35,22 @@ def clicked(body: dict[str, Any]) -> tuple[str, str, str | None, str] | None:
     value = actions[0].get("value")
     if not (slack_id(user) and slack_id(team) and isinstance(value, str)):
         return None
-    if not APPROVAL_ID.match(value):
+    if (match := AS_SEEN.match(value)) is None:
         return None
-    return team, user, channel if slack_id(channel) else None, value
+    return team, user, channel if slack_id(channel) else None, match["id"]
+
+
+def seen_in(value: object) -> datetime | None:
+    """The edit a button's card showed (its time), None for a request unedited."""
+    match = AS_SEEN.match(value) if isinstance(value, str) else None
+    if match is None or match["seen"] is None:
+        return None
+    return blocks.EPOCH + timedelta(microseconds=int(match["seen"]))
+
+
+def button(body: dict[str, Any]) -> object:
+    actions = body.get("actions")
+    return actions[0].get("value") if isinstance(actions, list) and actions else None
 
 
 def facts_for(
@@ -64,7 +80,7 @@ async def refuse(
     """Say why, privately; redraw the card only when its state changed (someone decided,
     or it expired) since it was drawn."""
     await tell(client, user, channel, blocks.refusal_text(refusal.reason, refusal.approval))
-    if refusal.reason == "already_decided" and refusal.approval is not None:
+    if refusal.reason in ("already_decided", "changed") and refusal.approval is not None:
         await deps.delivery.refresh_card(client, refusal.approval)
 
 
@@ -103,11 +119,17 @@ async def settled(deps: Deps, client: AsyncWebClient, decided: Decided) -> None:
 
 
 async def approve(
-    deps: Deps, client: AsyncWebClient, team: str, user: str, channel: str | None, approval_id: str
+    deps: Deps,
+    client: AsyncWebClient,
+    parsed: tuple[str, str, str | None, str],
+    seen: datetime | None,
 ) -> None:
+    team, user, channel, approval_id = parsed
     facts = facts_for(deps, client, user, channel)
     try:
-        decided = await deps.workflow.decide(team, approval_id, user, approve=True, facts=facts)
+        decided = await deps.workflow.decide(
+            team, approval_id, user, approve=True, facts=facts, seen=seen
+        )
     except DecisionRefused as refusal:
         await refuse(deps, client, refusal, user=user, channel=channel)
         return
@@ -122,7 +144,38 @@ async def on_approve(
     if parsed is None or await too_fast(deps, client, parsed):
         return
     # In line with the turns: a click waits behind the messages that came before it.
-    deps.background.spawn(approve(deps, client, *parsed), name="approve")
+    seen = seen_in(button(body))
+    deps.background.spawn(approve(deps, client, parsed, seen), name="approve")
+
+
+async def on_edit_approve(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+) -> None:
+    """Edit & approve: the call's input in a form from the tool's schema, prefilled with what
+    the card showed (bot/listeners/views.py approves with the changes)."""
+    await ack()
+    parsed = clicked(body)
+    trigger = body.get("trigger_id")
+    if parsed is None or not isinstance(trigger, str) or await too_fast(deps, client, parsed):
+        return
+    team, user, channel, approval_id = parsed
+    facts = facts_for(deps, client, user, channel)
+    try:
+        approval = await deps.workflow.check_decider(team, approval_id, user, facts)
+    except DecisionRefused as refusal:
+        await refuse(deps, client, refusal, user=user, channel=channel)
+        return
+    form = deps.workflow.edit_form(approval.request.tool)
+    if form is None:
+        await tell(client, user, channel, blocks.not_editable(approval))
+        return
+    shown = approval.edit.input if approval.edit else approval.request.input
+    view = blocks.edit_modal(approval, forms.form_blocks(form, shown))
+    seen = seen_in(button(body))
+    view["private_metadata"] = json.dumps(
+        {"approval_id": approval_id, "channel": channel, "seen": button(body) if seen else None}
+    )
+    await client.views_open(trigger_id=trigger, view=view)
 
 
 async def on_deny(ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps) -> None:
@@ -253,6 +306,7 @@ async def on_answer(
 def register(app: AsyncApp) -> None:
     app.action("answer")(on_answer)
     app.action("approve")(on_approve)
+    app.action("edit_approve")(on_edit_approve)
     app.action("deny")(on_deny)
     app.action("show_request")(on_show_request)
     app.action("show_conversation")(on_show_conversation)

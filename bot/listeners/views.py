@@ -1,7 +1,9 @@
-"""Modal submissions: a denial with its optional reason, and the answer to a question."""
+"""Modal submissions: a denial with its optional reason, the answer to a question, and an
+approval with changes."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from slack_bolt.async_app import AsyncAck, AsyncApp
@@ -10,7 +12,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from agent.workflow import DecisionRefused, InvalidAnswer
 from bot import blocks, forms
 from bot.deps import Deps
-from bot.listeners.actions import facts_for, in_modal, settled
+from bot.listeners.actions import facts_for, in_modal, seen_in, settled
 from bot.listeners.fields import obj
 
 MAX_REASON = 500
@@ -96,6 +98,50 @@ async def on_answer_submitted(
     await settled(deps, client, decided)
 
 
+async def on_edit_submitted(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+) -> None:
+    """Edit & approve: the changed input, typed and checked against the tool's schema, then
+    approved once, if nobody changed the request since the card that opened this showed it."""
+    opened = in_modal(body)
+    approval = await deps.workflow.approval(opened[0], opened[3]) if opened else None
+    form = deps.workflow.edit_form(approval.request.tool) if approval else None
+    if opened is None or approval is None or form is None:
+        await ack()
+        return
+    team, user, channel, approval_id = opened
+    view = obj(body.get("view"))
+    state = obj(obj(view.get("state")).get("values"))
+    changed, errors = forms.form_values(form, state)
+    if errors:
+        await ack(response_action="errors", errors=errors)
+        return
+    meta = obj(json.loads(str(view.get("private_metadata") or "{}")))
+    facts = facts_for(deps, client, user, channel)
+    fields = forms.properties(form)
+    first = next(iter(fields), "")
+    try:
+        decided = await deps.workflow.approve_with_changes(
+            team, approval_id, user, changed, facts=facts, seen=seen_in(meta.get("seen"))
+        )
+    except InvalidAnswer as invalid:
+        shown = {
+            k.split(".")[0] if k.split(".")[0] in fields else first: v
+            for k, v in invalid.errors.items()
+        }
+        await ack(response_action="errors", errors=shown)
+        return
+    except DecisionRefused as refusal:
+        text = blocks.refusal_text(refusal.reason, refusal.approval)
+        await ack(response_action="errors", errors={first: text})
+        if refusal.reason in ("already_decided", "changed") and refusal.approval is not None:
+            await deps.delivery.refresh_card(client, refusal.approval)  # the state changed
+        return
+    await ack()
+    await settled(deps, client, decided)
+
+
 def register(app: AsyncApp) -> None:
     app.view("deny_reason")(on_deny_submitted)
     app.view("answer")(on_answer_submitted)
+    app.view("edit_approve")(on_edit_submitted)

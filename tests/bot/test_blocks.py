@@ -172,8 +172,9 @@ def test_pending_card_layout() -> None:
     assert [a["block_id"] for a in actions] == ["request", "approval"]
     assert [b["action_id"] for b in actions[0]["elements"]] == ["show_conversation"]
     buttons = actions[1]["elements"]
-    assert [(b["action_id"], b["value"], b["style"]) for b in buttons] == [
+    assert [(b["action_id"], b["value"], b.get("style")) for b in buttons] == [
         ("approve", "ap-1", "primary"),
+        ("edit_approve", "ap-1", None),
         ("deny", "ap-1", "danger"),
     ]
     assert "Full input" not in json.dumps(card)  # nothing was shortened
@@ -329,7 +330,7 @@ def test_card_as_text() -> None:
     assert "Approval needed: send_payment" in text
     assert "Requested by @U111" in text and "View the conversation (https://t.slack.com/p1)" in text
     assert "to: A & B <x>" in text and "amount: 12" in text
-    assert "[ Approve ]  [ Deny ]" in text and "2025-03-04T13:00Z" in text
+    assert "[ Approve ]  [ Edit & approve ]  [ Deny ]" in text and "2025-03-04T13:00Z" in text
     done = blocks.card_as_text(render(decided("denied", reason="no")))
     assert "Denied by @U222" in done and "[ Approve ]" not in done
 

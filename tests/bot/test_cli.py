@@ -50,13 +50,15 @@ def test_secrets_never_appear_in_the_error() -> None:
     assert "s3cr3t-value" not in result.stderr + result.stdout
 
 
-def test_offline_demo_shows_one_approval_and_one_denial(tmp_path: Path) -> None:
+def test_offline_demo_shows_an_edited_approval_a_denial_and_a_question(tmp_path: Path) -> None:
     result = run_bot("demo", env={"HOME": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "[ Approve ]  [ Deny ]" in out
+    assert "[ Approve ]  [ Edit & approve ]  [ Deny ]" in out
     assert "Approved by" in out and "Denied by" in out
+    assert "• amount: ~500~ → 300" in out and "'amount': {'from': 500, 'to': 300}" in out
     assert "transactionId" in out and "denied by UAPPROVER" in out
+    assert "the agent asks you:" in out and 'Thanks ("Account 12345, $900 a month.")' in out
 
 
 # Which bot scopes each Web API method the code calls needs.

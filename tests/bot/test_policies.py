@@ -161,3 +161,41 @@ async def test_twenty_approvers_at_once_on_a_two_approval_card_run_the_tool_once
 def decided(marker: str) -> Callable[[Call], bool]:
     """A chat.update of the card whose blocks show `marker`."""
     return lambda c: in_channel(APPROVERS)(c) and marker in json.dumps(c.args.get("blocks"))
+
+
+async def test_an_edit_resets_a_quorum_and_an_approve_of_the_card_as_it_was_is_refused(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    asked = await ask(client, fake_slack, gemini, team, args=BIG)
+    assert (await client.click(team, "UBOSS", "approve", asked.card))[0] == 200
+    await fake_slack.wait_for("chat.update", predicate=decided("1 of 2"))
+    await settle(service)
+
+    assert (await client.click(team, "UCFO", "edit_approve", asked.card))[0] == 200
+    (opened,) = await fake_slack.wait_for("views.open")
+    edited = {
+        "amount": {"value": {"type": "number_input", "value": "15000"}},
+        "toAccount": {"value": {"type": "plain_text_input", "value": "9"}},
+    }
+    assert await client.submit(team, "UCFO", opened.args["view"], edited) == (200, "")
+    (redrawn,) = await fake_slack.wait_for("chat.update", predicate=decided("Changed by <@UCFO>"))
+    shown = json.dumps(redrawn.args["blocks"], ensure_ascii=False)
+    assert "1 of 2 approvals:* <@UCFO>" in shown and "~20000~ → 15000" in shown
+    await settle(service)
+
+    # UBOSS approved 20000, not 15000: a click on the card as it was changes nothing.
+    assert (await client.click(team, "UBOSS", "approve", asked.card))[0] == 200
+    (stale,) = await fake_slack.wait_for("chat.postEphemeral")
+    assert text_of(stale).startswith("The request was changed since your card showed it")
+    await settle(service)
+    assert ledger_tools.entries() == []
+
+    gemini.script(text("Sent 15000."))
+    assert (await client.click(team, "UBOSS", "approve", redrawn))[0] == 200
+    await fake_slack.wait_for("chat.update", predicate=decided("Approved by <@UCFO> and <@UBOSS>"))
+    await poll(lambda: len(ledger_tools.entries()) == 1, "the transfer")
+    await settle(service)
+    assert [(e["amount"], e["to"]) for e in ledger_tools.entries()] == [(15000, "9")]
+    assert service.deps is not None
+    trail = [(e.action, e.actor) for e in await service.deps.workflow.audit_trail(team)]
+    assert ("edited", "UCFO") in trail and trail.count(("approved", "UBOSS")) == 2

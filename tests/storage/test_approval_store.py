@@ -44,6 +44,7 @@ from storage.lifecycle import (
     Claim,
     Context,
     Denied,
+    Edit,
     ExecutionState,
     History,
     IllegalTransition,
@@ -199,6 +200,7 @@ async def test_approval_transitions_take_exactly_when_the_table_allows(
             status=status, execution=execution, expires_at=expires_at, asks=asks
         )
         holds = {
+            Requirement.AS_SEEN: True,
             Requirement.ASKS_APPROVAL: asks is None,
             Requirement.ASKS_ANSWER: asks is not None,
             Requirement.BEFORE_DEADLINE: expires_at > NOW,
@@ -471,6 +473,41 @@ async def test_one_person_racing_themselves_votes_once(db: Db) -> None:
     assert all(isinstance(r, IllegalTransition) for r in results if isinstance(r, BaseException))
     final = await db.store.get(db.team, approval.id)
     assert final is not None and [v.by for v in final.votes] == ["UA"] and final.decision is None
+
+
+async def test_an_edit_resets_a_quorums_votes_to_the_editors(db: Db) -> None:
+    approval = await quorum(db, 2)
+    await db.store.decide(approval, Approved("UA", NOW))
+    edited = await db.store.edit(approval, Edit({"amount": 3}, "UB", NOW))
+    assert edited.decision is None and [v.by for v in edited.votes] == ["UB"]
+    assert edited.edit == Edit({"amount": 3}, "UB", NOW)
+    # UA approved something else: a click on the card as it was is refused; UA votes again
+    # on the edited request, and completes the quorum.
+    with pytest.raises(IllegalTransition) as stale:
+        await db.store.decide(approval, Approved("UC", NOW))
+    assert stale.value.unmet == (Requirement.AS_SEEN,)
+    done, _ = await db.store.decide(edited, Approved("UA", NOW))
+    assert isinstance(done.decision, Approved) and done.edit == edited.edit
+    trail = [
+        (e.action, e.actor, e.detail.get("edited")) for e in await db.store.audit_trail(db.team)
+    ]
+    assert ("edited", "UB", {"amount": 3}) in trail and ("approved", "UA", {"amount": 3}) in trail
+    with pytest.raises(IllegalTransition) as decided:
+        await db.store.edit(approval, Edit({"amount": 4}, "UC", NOW))
+    assert decided.value.state == ApprovalState.APPROVED
+
+
+async def test_an_edit_of_a_request_one_approver_decides_is_part_of_the_approval(db: Db) -> None:
+    approval, _ = await db.seed()
+    with pytest.raises(IllegalTransition) as one:
+        await db.store.edit(approval, Edit({"amount": 3}, "UB", NOW))
+    assert one.value.unmet == (Requirement.SEVERAL_NEEDED,) and await db.audit_rows() == 0
+    edit = Edit({"amount": 3}, "UB", NOW)
+    done, _ = await db.store.decide(approval, Approved("UB", NOW), edited=edit)
+    assert isinstance(done.decision, Approved) and done.edit == edit
+    plain, _ = await db.seed()
+    approved, _ = await db.store.decide(plain, Approved("UB", NOW))
+    assert approved.edit is None
 
 
 FOLLOW_UPS = {REMIND: ("reminder", "remind_at"), ESCALATE: ("escalation", "escalate_at")}

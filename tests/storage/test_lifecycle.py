@@ -15,6 +15,7 @@ from storage.lifecycle import (
     CLAIM,
     COMPLETE,
     DENY,
+    EDIT,
     ESCALATE,
     EXPIRE,
     FINISH_EXECUTION,
@@ -34,6 +35,7 @@ from storage.lifecycle import (
     Approved,
     CardState,
     Denied,
+    Edit,
     EscalationState,
     ExecutionState,
     Expired,
@@ -59,11 +61,15 @@ ALLOWED: dict[tuple[Transition, State | None], tuple[State, set[Requirement]]] =
     (REQUEST, None): (A.PENDING, set()),
     (VOTE, A.PENDING): (
         A.PENDING,
-        {R.ASKS_APPROVAL, R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_SHORT},
+        {R.ASKS_APPROVAL, R.AS_SEEN, R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_SHORT},
     ),
     (APPROVE, A.PENDING): (
         A.APPROVED,
-        {R.ASKS_APPROVAL, R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_MET},
+        {R.ASKS_APPROVAL, R.AS_SEEN, R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_MET},
+    ),
+    (EDIT, A.PENDING): (
+        A.PENDING,
+        {R.ASKS_APPROVAL, R.AS_SEEN, R.BEFORE_DEADLINE, R.SEVERAL_NEEDED},
     ),
     (DENY, A.PENDING): (A.DENIED, {R.ASKS_APPROVAL, R.BEFORE_DEADLINE}),
     (ANSWER, A.PENDING): (A.ANSWERED, {R.ASKS_ANSWER, R.BEFORE_DEADLINE}),
@@ -131,6 +137,7 @@ def test_audited_transitions_name_fields_an_approval_has() -> None:
         "request": "requested",
         "vote": "approved",
         "approve": "approved",
+        "edit": "edited",
         "deny": "denied",
         "answer": "answered",
         "expire": "expired",
@@ -141,7 +148,7 @@ def test_audited_transitions_name_fields_an_approval_has() -> None:
         "escalate": "escalated",
     }
     for spec in audited.values():
-        assert set(spec.detail) <= {"input", "why", "reason", "answer", "output"}
+        assert set(spec.detail) <= {"input", "why", "reason", "answer", "edited", "output"}
 
 
 def approval(**over: object) -> Approval:
@@ -164,3 +171,14 @@ def test_an_approvals_state_follows_its_typed_values() -> None:
     assert approval(execution=Started()).execution_state == E.STARTED
     assert approval(execution=Finished({"ok": True})).execution_state == E.FINISHED
     assert approval(execution=NotStarted()).execution_state == E.NOT_STARTED
+
+
+def test_an_edit_says_what_changed() -> None:
+    original = {"amount": 500, "toAccount": "12345", "memo": "rent"}
+    edit = Edit({"amount": 300, "toAccount": "12345", "note": "x"}, "U2", NOW)
+    assert edit.changes(original) == {
+        "amount": {"from": 500, "to": 300},
+        "memo": {"from": "rent", "to": None},
+        "note": {"from": None, "to": "x"},
+    }
+    assert Edit(dict(original), "U2", NOW).changes(original) == {}
