@@ -98,7 +98,7 @@ Outside = Callable[[], AbstractAsyncContextManager[None]]
 
 
 PREVIEW_TIMEOUT = 2.0  # seconds a tool's preview may take before the card goes without it
-PREVIEW_MAX = 500  # characters of a preview shown
+PREVIEW_MAX = 20_000  # characters of a preview kept (a file write's diff, say); cards clip
 
 
 def approval_middleware(

@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from genkit.exp import Genkit
 
 from agent.approval import Outside, approval_middleware
+from agent.files import FileTools
 from agent.policy import PolicyDefaults, PolicyService
 from agent.runtime import AgentConfig, Preview, build_runtime
 from agent.workflow import Workflow
@@ -38,17 +40,21 @@ def build_workflow(
     turn_timeout: timedelta = timedelta(minutes=5),
     setup: Callable[[Genkit], None] | None = None,
     outside: Outside = contextlib.nullcontext,
+    files: FileTools | None = None,
 ) -> Workflow:
-    """`outside`: the hook a turn waits on the model or a tool in (see agent/approval.py)."""
+    """`outside`: the hook a turn waits on the model or a tool in (see agent/approval.py);
+    `files`: the file tools to mount (agent/files.py), their reads allowed by default."""
+    files = files or FileTools()
+    defaults = defaults or PolicyDefaults()
     tool_names: list[str] = []
     policies = PolicyService(
         PolicyStore(sessions),
         tools=lambda: tool_names,
-        defaults=defaults or PolicyDefaults(),
+        defaults=replace(defaults, allowed=defaults.allowed | files.reads()),
         clock=clock,
     )
     store = ApprovalStore(sessions)
-    previews: dict[str, Preview] = {}
+    previews: dict[str, Preview] = dict(files.previews())
     questions: set[str] = set()
     middleware = approval_middleware(
         store=store,
@@ -66,8 +72,10 @@ def build_workflow(
         previews=previews,
         questions=questions,
         setup=setup,
+        mounted=files.middleware(),
+        mounted_tools=files.tools(),
     )
-    tool_names.extend(runtime.tools)
+    tool_names.extend([*runtime.tools, *runtime.mounted])
     return Workflow(
         runtime=runtime,
         store=store,

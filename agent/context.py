@@ -7,7 +7,8 @@ like this). `call_context` answers from the model's own request, so it costs not
 a call needs a human or a rule asks (`provenance`).
 
 Who wrote each human message travels in the message's metadata (`human_message`): Genkit
-keeps it in the session, and the model never sees it.
+keeps it in the session, and the model never sees it. A user-role message without it is not
+a person's: the Filesystem middleware, for one, hands the model a file's content that way.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def call_context(conversation: Sequence[Message], ref: str | None, args: Any) ->
     seen, e.g. a restart) gives an empty context: nothing is claimed."""
     if not conversation:
         return Context()
-    humans = [m for m in conversation if m.role == "user" and _text(m).strip()]
+    humans = [m for m in conversation if _human(m) and _text(m).strip()]
     return Context(
         first=_said(humans[0]) if humans else None,
         latest=_said(humans[-1]) if len(humans) > 1 else None,
@@ -63,13 +64,19 @@ def trace(args: Any, conversation: Sequence[Message]) -> dict[str, Source]:
     """For each string and number in `args` (by path), where it appears first in the
     conversation's trust order: a human's message, else the latest tool result that has
     it, else nowhere (the model's own)."""
-    human = _Haystack(_text(m) for m in conversation if m.role == "user")
+    human = _Haystack(_text(m) for m in conversation if _human(m))
     results = [
         (part.tool_response.name, _Haystack(_strings(part.tool_response.output)))
         for m in conversation
         if m.role == "tool"
         for part in m.content
         if part.tool_response is not None
+    ]
+    # A file's content, read with read_file, reaches the model as an unsigned user message.
+    results += [
+        ("read_file", _Haystack([_text(m)]))
+        for m in conversation
+        if m.role == "user" and not _human(m) and _text(m).startswith("<read_file")
     ]
     sources = {}
     for path, value in leaves(args):
@@ -175,6 +182,11 @@ def _text(message: Message) -> str:
     return "".join(p.text for p in message.content if p.text)
 
 
+def _human(message: Message) -> bool:
+    """A message a person wrote (signed by `human_message`)."""
+    return message.role == "user" and author(message)[0] is not None
+
+
 def _said(message: Message) -> Said:
     by, at = author(message)
     text = _text(message)
@@ -225,9 +237,11 @@ def conversation_lines(messages: Sequence[Message], limit: int = CONVERSATION_MA
     calls and their results summarised."""
     lines: list[Line] = []
     for message in messages:
-        if message.role == "user":
+        if _human(message):
             by, at = author(message)
             lines.append(Line("human", _text(message), by, at))
+        elif message.role == "user":  # not a person's: a file the agent read, say
+            lines.append(Line("tool", f"(not from a person) {_summary(_text(message))}"))
         elif message.role == "model":
             calls = [
                 f"→ calls {p.tool_request.name} {_summary(p.tool_request.input)}"

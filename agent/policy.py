@@ -42,6 +42,8 @@ class PolicyDefaults:
     channel: str | None = None
     timeout: timedelta = timedelta(hours=24)
     approvals: int = 1
+    # Tools that run freely until a policy says otherwise (the file tools' reads).
+    allowed: frozenset[str] = frozenset()
 
 
 class RuleError(Exception):
@@ -266,7 +268,7 @@ def _effective(tool: str, stored: StoredPolicy | None, defaults: PolicyDefaults)
     if stored is None:
         return Policy(
             tool=tool,
-            allowed=False,
+            allowed=tool in defaults.allowed,
             channel=defaults.channel,
             timeout=defaults.timeout,
             approvals=defaults.approvals,
@@ -343,7 +345,14 @@ class PolicyService:
         """Apply an admin's change; unknown tools are refused before anything is written."""
         if tool not in self._tools():
             raise UnknownTool(tool, self._tools())
-        stored = await self._store.change(team_id, tool, by=by, now=self._clock(), changes=changes)
+        stored = await self._store.change(
+            team_id,
+            tool,
+            by=by,
+            now=self._clock(),
+            changes=changes,
+            allowed_when_new=tool in self._defaults.allowed,
+        )
         return _effective(tool, stored, self._defaults)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,11 +48,13 @@ class AgentRuntime:
     sessions: SessionStore[Any]  # the agent's, to show an approver the conversation
     tools: dict[str, Tool] = field(default_factory=dict)
     questions: frozenset[str] = frozenset()  # the interrupts: tools that ask a person
+    # Tools a mounted middleware contributes to each call (the file tools): name, description.
+    mounted: Mapping[str, str] = field(default_factory=dict)
 
     def describe(self, tool: str) -> str:
         """The tool's description, for the people deciding on its calls."""
         found = self.tools.get(tool)
-        return found.description or "" if found is not None else ""
+        return found.description or "" if found is not None else self.mounted.get(tool, "")
 
 
 @dataclass
@@ -116,10 +118,14 @@ def build_runtime(
     previews: dict[str, Preview],
     questions: set[str],
     setup: Callable[[Genkit], None] | None = None,
+    mounted: Sequence[BaseMiddleware[Any]] = (),
+    mounted_tools: Mapping[str, str] | None = None,
 ) -> AgentRuntime:
     """Wire the agent. `previews` and `questions` (the middleware's, built before the tools
     are loaded) are filled with the tools' previews and the names of the tools that ask a
-    person (agent/questions.py). `setup` may register extra models (tests, the demo)."""
+    person (agent/questions.py). `setup` may register extra models (tests, the demo).
+    `mounted`: middleware that contribute tools (`mounted_tools`), inside the approval
+    middleware so that their tools pass its gate."""
     plugins: list[Any] = []
     if config.model.startswith("googleai/"):
         from agent.gemini import gemini_plugin
@@ -141,12 +147,18 @@ def build_runtime(
         model=config.model,
         system=system,
         tools=loaded.tools,
-        use=[middleware()],
+        use=[middleware(), *mounted],
         store=store,
     )
+    if clash := sorted(set(tools := {t.name: t for t in loaded.tools}) & set(mounted_tools or {})):
+        raise ToolModuleError(f"AGENT_TOOLS: {clash} are also file tools (AGENT_FILES_ROOT)")
     previews.update(loaded.previews)
     questions.update(loaded.interrupts)
-    tools = {t.name: t for t in loaded.tools}
     return AgentRuntime(
-        ai=ai, agent=agent, sessions=store, tools=tools, questions=frozenset(loaded.interrupts)
+        ai=ai,
+        agent=agent,
+        sessions=store,
+        tools=tools,
+        questions=frozenset(loaded.interrupts),
+        mounted=dict(mounted_tools or {}),
     )

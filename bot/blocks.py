@@ -387,11 +387,17 @@ def decision_text(a: Approval) -> str:
 
 
 def approval_card(
-    a: Approval, *, description: str, thread_link: str | None, now: datetime
+    a: Approval,
+    *,
+    description: str,
+    thread_link: str | None,
+    now: datetime,
+    editable: bool = True,
 ) -> Message:
     """The approvers' card: what, who, why, until when; buttons only while still pending.
 
-    `description`: the tool's own, so the approver knows what the call does.
+    `description`: the tool's own, so the approver knows what the call does; `editable`:
+    its input has a schema to edit it by (Edit & approve).
     """
     r = a.request
     pending = a.decision is None
@@ -411,10 +417,11 @@ def approval_card(
     blocks.append({"type": "section", "fields": fields} if fields else _section("_No input._"))
     if shortened:
         blocks.append(_full_input(r.input))
+    preview, preview_cut = _preview(r.preview)
     if history := history_text(r):
         blocks.append(_context(history))
     shows = [_button("Show conversation", "show_conversation", a.id)]
-    if shortened:
+    if shortened or preview_cut:
         shows.append(_button("Show full request", "show_request", a.id))
     blocks.append({"type": "actions", "block_id": "request", "elements": shows})
     if a.edit is not None:
@@ -424,10 +431,8 @@ def approval_card(
     if pending and a.escalated and a.escalation is not None:
         where = _channel(a.escalation.channel)
         blocks.append(_context(f"⏫ Escalated to {where}: people there may decide too"))
-    if r.preview:
-        blocks.append(_section(f"*Preview:* {_fit(r.preview, 1000)[0]}"))
-    elif r.preview == "":
-        blocks.append(_context("_Preview unavailable: it failed or took longer than 2 s._"))
+    if preview is not None:
+        blocks.append(preview)
     if r.why:
         blocks.append(_section(f"*Why approval is needed:* {_fit(r.why, 2000)[0]}"))
     if pending:
@@ -439,7 +444,7 @@ def approval_card(
                 "block_id": "approval",
                 "elements": [
                     _button("Approve", "approve", as_seen(a), "primary"),
-                    _button("Edit & approve", "edit_approve", as_seen(a)),
+                    *([_button("Edit & approve", "edit_approve", as_seen(a))] * editable),
                     _button("Deny", "deny", a.id, "danger"),
                 ],
             }
@@ -524,6 +529,23 @@ def answer_modal(a: Approval, form: list[Block] | None) -> dict[str, Any]:
         "close": {"type": "plain_text", "text": "Cancel"},
         "blocks": [_section(_quote(_said(asks))), *inputs],
     }
+
+
+PREVIEW_SHOWN = 2500  # characters of a many-line preview (a file's diff) on the card
+
+
+def _preview(text: str | None) -> tuple[Block | None, bool]:
+    """The tool's preview of the call: a line, or many (a diff) in a code block; and whether
+    the card had to shorten it (Show full request then has it whole)."""
+    if text is None:
+        return None, False
+    if text == "":
+        return _context("_Preview unavailable: it failed or took longer than 2 s._"), False
+    if "\n" not in text.strip():
+        return _section(f"*Preview:* {_fit(text, 1000)[0]}"), False
+    body, cut = _fit(text, PREVIEW_SHOWN)
+    note = f"\n_(shortened: {len(text):,} characters in all)_" if cut else ""
+    return _section(f"*Preview:*\n```\n{_no_fence(body)}\n```{note}"), cut
 
 
 def _button(label: str, action_id: str, value: str, style: str | None = None) -> Block:
@@ -732,6 +754,8 @@ def full_request_modal(a: Approval) -> dict[str, Any]:
     head = _section(f"{_code(a.request.tool)} requested by {mention(a.request.requester)}{notes}")
     fence = "```\n", "\n```"
     body = _no_fence(escape(json.dumps(a.request.input, indent=2, ensure_ascii=False)))
+    if a.request.preview and "\n" in a.request.preview.strip():  # a diff: whole, after the input
+        body += "\n\n" + _no_fence(escape(a.request.preview))
     pieces = _chunks(body, SECTION_MAX - len(fence[0]) - len(fence[1]))
     room = MODAL_BLOCKS - 2
     sections = [_section(fence[0] + p + fence[1]) for p in pieces[:room]]

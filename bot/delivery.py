@@ -274,9 +274,16 @@ class Delivery:
         return None
 
     def _card(self, approval: Approval, thread_link: str | None) -> dict[str, Any]:
-        description = self._workflow.describe(approval.request.tool)
-        draw = blocks.question_card if approval.request.question else blocks.approval_card
-        return draw(approval, description=description, thread_link=thread_link, now=self._clock())
+        r, now = approval.request, self._clock()
+        description = self._workflow.describe(r.tool)
+        if r.question:
+            return blocks.question_card(
+                approval, description=description, thread_link=thread_link, now=now
+            )
+        editable = self._workflow.edit_form(r.tool) is not None
+        return blocks.approval_card(
+            approval, description=description, thread_link=thread_link, now=now, editable=editable
+        )
 
     def warm_link(self, client: AsyncWebClient, thread: Thread) -> None:
         """Start looking up the thread's link now, off the path of a card that may need it."""

@@ -22,6 +22,7 @@ from sqlalchemy import text
 
 from agent import policy_file as policy_files
 from agent.assemble import build_workflow, new_uuid, utc_now
+from agent.files import FileTools
 from agent.policy import PolicyDefaults
 from agent.policy_file import PolicyFile
 from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig, ToolModuleError
@@ -196,6 +197,7 @@ class Service:
                 new_id=new_uuid,
                 lease=timedelta(seconds=s.RESUME_LEASE_SECONDS),
                 outside=background.outside,
+                files=FileTools(root=s.AGENT_FILES_ROOT, artifacts=s.AGENT_ARTIFACTS),
             )
             if policy_file is not None and s.POLICY_FILE is not None:
                 known = workflow.policies.known_tools()

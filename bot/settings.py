@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     AGENT_SYSTEM_PROMPT: str | None = None
     AGENT_TOOLS: Annotated[list[str], NoDecode] = Field(default_factory=lambda: [DEFAULT_TOOLS])
     AGENT_ASK_HUMAN: bool = True  # the built-in askHuman: the agent may ask a person
+    AGENT_FILES_ROOT: Path | None = None  # file tools (genkit-middleware Filesystem) under it
+    AGENT_ARTIFACTS: bool = False  # artifact tools (genkit-middleware Artifacts)
 
     APPROVER_CHANNEL: str | None = None
     POLICY_FILE: Path | None = None
@@ -89,6 +91,13 @@ class Settings(BaseSettings):
     def _readable(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_file():
             raise ValueError(f"{value} is not a file")
+        return value
+
+    @field_validator("AGENT_FILES_ROOT")
+    @classmethod
+    def _directory(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError(f"{value} is not a directory")
         return value
 
     @field_validator("ADMIN_USERS")

@@ -86,10 +86,17 @@ class PolicyStore:
             ]
 
     async def change(
-        self, team_id: str, tool: str, *, by: str, now: datetime, changes: Mapping[str, Any]
+        self,
+        team_id: str,
+        tool: str,
+        *,
+        by: str,
+        now: datetime,
+        changes: Mapping[str, Any],
+        allowed_when_new: bool = False,
     ) -> StoredPolicy:
         """Apply `changes` (fields of CHANGEABLE) to the tool's row, creating it the first
-        time, and audit them: one transaction."""
+        time (allowed or not as the tool's default is), and audit them: one transaction."""
         if unknown := set(changes) - set(CHANGEABLE):
             raise ValueError(f"not policy fields: {sorted(unknown)}")
         async with self._sessions.begin() as db:
@@ -98,7 +105,7 @@ class PolicyStore:
                 row = PolicyRow(
                     team_id=team_id,
                     tool=tool,
-                    allowed=False,
+                    allowed=allowed_when_new,
                     approver_users=[],
                     approver_groups=[],
                     rules=[],

@@ -129,3 +129,19 @@ def test_the_conversation_summarises_tool_calls_and_results_and_keeps_the_last_t
     assert len(lines[-2].text) < 400  # the call's input summarised
     assert (lines[-1].kind, lines[-1].text) == ("tool", 'getBalance returned {"balance": 5}')
     assert (lines[0].by, lines[0].at) == ("U1", AT)
+
+
+def test_a_files_content_is_not_a_persons_words() -> None:
+    """The Filesystem middleware hands the model a file as a user-role message: what it says
+    is a tool's result (prompt injection lives in files), never the employee's."""
+    conversation = [
+        human_message("pay the invoice in invoice.txt", by="U1", at=AT),
+        Message(role="user", content=[Part(text='<read_file path="invoice.txt">\nIBAN 99999\n')]),
+    ]
+    assert trace({"to": "99999"}, conversation) == {"to": Source("tool", "read_file")}
+    context = call_context(conversation, "r1", {"to": "99999"})
+    assert context.first is not None and context.first.text.startswith("pay the invoice")
+    assert context.latest is None  # the file is not a later human message
+    lines = conversation_lines(conversation)
+    assert [line.kind for line in lines] == ["human", "tool"]
+    assert lines[1].text.startswith("(not from a person)")

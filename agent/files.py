@@ -1,0 +1,137 @@
+"""File tools behind approvals: genkit-middleware's Filesystem (AGENT_FILES_ROOT) and
+Artifacts (AGENT_ARTIFACTS).
+
+Their reads run freely until a policy says otherwise; their writes need approval like any
+tool (Genkit's interrupts guide warns that mounting them without gating the writes lets the
+model change files unseen). Each write's card shows what it will change: a unified diff
+against the file as it is, computed by the write's preview.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from genkit.middleware import BaseMiddleware
+from genkit_middleware import Artifacts, Filesystem
+
+from agent.runtime import Preview
+
+READS = {
+    "list_files": "List files and directories under a path (optional recursive).",
+    "read_file": "Read a text file, optionally from an offset/limit in lines.",
+}
+WRITES = {
+    "write_file": "Create or overwrite a text file with the given content.",
+    "edit_file": "Apply search/replace edits to an existing text file.",
+}
+ARTIFACT_READS = {"read_artifact": "Read a named artifact of the conversation."}
+ARTIFACT_WRITES = {"write_artifact": "Create or replace a named artifact of the conversation."}
+MAX_COMPARED = 1024 * 1024  # bytes of a file a preview compares; past it, it says so
+
+
+@dataclass(frozen=True)
+class FileTools:
+    root: Path | None = None
+    artifacts: bool = False
+
+    def middleware(self) -> list[BaseMiddleware[Any]]:
+        mounted: list[BaseMiddleware[Any]] = []
+        if self.root is not None:
+            mounted.append(Filesystem(root_dir=str(self.root), allow_write_access=True))
+        if self.artifacts:
+            mounted.append(Artifacts())
+        return mounted
+
+    def tools(self) -> dict[str, str]:
+        """Each tool mounted, with its description."""
+        found: dict[str, str] = {}
+        if self.root is not None:
+            found |= READS | WRITES
+        if self.artifacts:
+            found |= ARTIFACT_READS | ARTIFACT_WRITES
+        return found
+
+    def reads(self) -> frozenset[str]:
+        """The tools that only read: allowed unless a policy says otherwise."""
+        return frozenset(t for t in self.tools() if t in READS or t in ARTIFACT_READS)
+
+    def previews(self) -> dict[str, Preview]:
+        """What each write will change, for its card."""
+        found: dict[str, Preview] = {}
+        if self.root is not None:
+            root = self.root
+            found["write_file"] = lambda i: asyncio.to_thread(write_diff, root, i)
+            found["edit_file"] = lambda i: asyncio.to_thread(edit_diff, root, i)
+        if self.artifacts:
+            found["write_artifact"] = artifact_content
+        return found
+
+
+def _inside(root: Path, relative: object) -> Path:
+    """The file `relative` names under `root`; ValueError if it is outside it (as the
+    Filesystem middleware itself refuses)."""
+    base = root.resolve()
+    path = (base / str(relative)).resolve()
+    if path != base and not path.is_relative_to(base):
+        raise ValueError(f"{relative!r} is outside the files root: the call will fail")
+    return path
+
+
+def _current(path: Path) -> str | None:
+    if not path.is_file():
+        return None
+    if path.stat().st_size > MAX_COMPARED:
+        raise ValueError(f"{path.name} is over {MAX_COMPARED:,} bytes: not compared")
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def _diff(name: str, before: str | None, after: str) -> str:
+    lines = difflib.unified_diff(
+        (before or "").splitlines(keepends=True),
+        after.splitlines(keepends=True),
+        fromfile="/dev/null" if before is None else f"a/{name}",
+        tofile=f"b/{name}",
+    )
+    return "".join(lines) or "(no change)"
+
+
+def write_diff(root: Path, call: Mapping[str, Any]) -> str:
+    """`write_file`: the new content against the file as it is now (all new if it is not)."""
+    name = str(call.get("file_path", ""))
+    try:
+        path = _inside(root, name)
+        return _diff(name, _current(path), str(call.get("content", "")))
+    except ValueError as why:
+        return str(why)
+
+
+def edit_diff(root: Path, call: Mapping[str, Any]) -> str:
+    """`edit_file`: its edits applied to the file as it is now, as the middleware would, or
+    why they will fail."""
+    name = str(call.get("file_path", ""))
+    try:
+        before = _current(_inside(root, name))
+        if before is None:
+            return f"{name} does not exist: the edit will fail"
+        after = before
+        for edit in call.get("edits") or []:
+            old, new = str(edit.get("old_string", "")), str(edit.get("new_string", ""))
+            count = after.count(old) if old else 0
+            if count == 0 or (count > 1 and not edit.get("replace_all")):
+                return f"the edit will fail: {old!r} is found {count} times in {name}"
+            after = (
+                after.replace(old, new) if edit.get("replace_all") else after.replace(old, new, 1)
+            )
+        return _diff(name, before, after)
+    except ValueError as why:
+        return str(why)
+
+
+async def artifact_content(call: Mapping[str, Any]) -> str:
+    """`write_artifact`: its content, as added lines."""
+    return _diff(str(call.get("name", "")), None, str(call.get("content", "")))
