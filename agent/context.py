@@ -36,12 +36,18 @@ _SEPARATORS = str.maketrans("", "", ",'\u00a0\u202f")
 _SPACE = re.compile(r"\s+")
 
 
-def human_message(text: str, *, by: str, at: datetime) -> Message:
-    """An employee's message as the agent's input, signed with who wrote it and when."""
+def human_message(text: str, *, by: str, at: datetime, viewing: str | None = None) -> Message:
+    """An employee's message as the agent's input, signed with who wrote it and when.
+
+    `viewing`: the channel the employee has open beside an assistant thread, told to the
+    model in a part of its own that is not the employee's words (quotes and provenance
+    skip it)."""
+    content = [Part.from_text(text)]
+    if viewing is not None:
+        note = f"(Slack context: the employee is looking at channel <#{viewing}>.)"
+        content.append(Part(text=note, metadata={AUTHOR: "context"}))
     return Message(
-        role="user",
-        content=[Part.from_text(text)],
-        metadata={AUTHOR: {"by": by, "at": at.isoformat()}},
+        role="user", content=content, metadata={AUTHOR: {"by": by, "at": at.isoformat()}}
     )
 
 
@@ -179,7 +185,8 @@ def _strings(value: Any) -> list[str]:
 
 
 def _text(message: Message) -> str:
-    return "".join(p.text for p in message.content if p.text)
+    """What the message says (without the context notes added to a person's words)."""
+    return "".join(p.text for p in message.content if p.text and not (p.metadata or {}).get(AUTHOR))
 
 
 def _human(message: Message) -> bool:

@@ -18,7 +18,14 @@ from types import EllipsisType
 from typing import Any, Literal, assert_never
 
 from genkit import Part
-from genkit.exp import AgentChat, AgentFinishReason, AgentInput, AgentInterrupt, AgentResponse
+from genkit.exp import (
+    AgentChat,
+    AgentChunk,
+    AgentFinishReason,
+    AgentInput,
+    AgentInterrupt,
+    AgentResponse,
+)
 
 from agent.approval import (
     TurnScope,
@@ -77,7 +84,19 @@ RETRY_DELAY = timedelta(seconds=30)
 CARD_GRACE = timedelta(minutes=1)
 EVENTS_KEPT = timedelta(days=1)  # Slack retries for minutes, not days
 HISTORY_DAYS = 30  # how far back a card counts the requester's earlier requests
-TextSink = Callable[[str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A turn running in `thread`: first with no text when it starts (the transport shows
+    that it is working), then with the model's text so far each time it grows."""
+
+    thread: Thread
+    requester: str
+    text: str = ""
+
+
+TextSink = Callable[[Progress], Awaitable[None]]
 Facts = ApproverFacts | Callable[[Approval, Policy], Awaitable[ApproverFacts]]
 
 
@@ -226,9 +245,16 @@ class Workflow:
         return await self._store.accept_event(event_id, now=self._clock())
 
     async def start_turn(
-        self, thread: Thread, requester: str, text: str, on_text: TextSink | None = None
+        self,
+        thread: Thread,
+        requester: str,
+        text: str,
+        on_text: TextSink | None = None,
+        *,
+        viewing: str | None = None,
     ) -> TurnOutcome:
-        """Run one employee message; returns the reply, or the approvals it now waits on."""
+        """Run one employee message; returns the reply, or the approvals it now waits on.
+        `viewing`: the channel the employee has open beside the thread, if Slack said."""
         now = self._clock()
         held = await self._store.hold_thread(
             thread,
@@ -249,12 +275,12 @@ class Workflow:
                     pass  # answered meanwhile (the button), or its form wants a modal
             return Busy(thread, waiting)
         scope = TurnScope(thread.team_id, requester, participants=held.participants)
-        message = human_message(text, by=requester, at=now)
+        message = human_message(text, by=requester, at=now, viewing=viewing)
         try:
             out = await self._run(
                 scope,
                 held.snapshot_id,
-                on_text,
+                _told(on_text, thread, requester),
                 lambda c: c.send_stream(AgentInput(message=message)),
             )
         except Exception:
@@ -291,7 +317,7 @@ class Workflow:
             out = await self._run(
                 scope,
                 claim.snapshot_id,
-                on_text,
+                _told(on_text, thread, asked.requester),
                 lambda c: c.resume_stream(respond=respond, restart=restart),
             )
         except Exception:
@@ -534,7 +560,9 @@ class Workflow:
 
     # -- maintenance -------------------------------------------------------------------
 
-    async def sweep(self, team_id: str | None = None) -> SweepReport:
+    async def sweep(
+        self, team_id: str | None = None, on_text: TextSink | None = None
+    ) -> SweepReport:
         """Expire overdue approvals, resume turns nobody is resuming (after a crash), report
         cards never posted, and forget old Slack event ids.
 
@@ -553,7 +581,7 @@ class Workflow:
                     await self._store.retry_card(approval, now=now, stale=now - CARD_GRACE)
                 )
         turn_ids = await self._store.recoverable(now=now, team_id=team_id)
-        resumed = [r for t in turn_ids if (r := await self.continue_turn(t)) is not None]
+        resumed = [r for t in turn_ids if (r := await self.continue_turn(t, on_text)) is not None]
         if team_id is None:
             await self._store.forget_events(before=now - EVENTS_KEPT)
         return SweepReport(tuple(expired), tuple(resumed), tuple(uncarded))
@@ -612,10 +640,11 @@ class Workflow:
         self,
         scope: TurnScope,
         snapshot_id: str | None,
-        on_text: TextSink | None,
+        told: Callable[[str], Awaitable[None]],
         start: Callable[[AgentChat[Any]], Any],
     ) -> AgentResponse[Any]:
-        """Run one Genkit turn in this workspace's scope, streaming text to `on_text`."""
+        """Run one Genkit turn in this workspace's scope, telling its text as it grows."""
+        await told("")
         agent = self._runtime.agent
         chat = agent.chat(snapshot_id=snapshot_id) if snapshot_id else agent.chat()
         # A model that never answers must not hold the thread (or a resume lease) forever.
@@ -623,9 +652,11 @@ class Workflow:
             with _scoped(scope):
                 turn = start(chat)
                 try:
+                    said = ""
                     async for chunk in turn.stream:
-                        if on_text is not None and chunk.text:
-                            await on_text(chunk.accumulated_text)
+                        if chunk.text and _from_model(chunk):
+                            said += chunk.text
+                            await told(said)
                 finally:
                     response: AgentResponse[Any] = await turn.response
         return response
@@ -748,6 +779,25 @@ class Workflow:
                 return
             except Exception:  # a database hiccup: the lease may still be renewed next time
                 log.warning("could not renew the lease of turn %s", claim.turn_id, exc_info=True)
+
+
+def _from_model(chunk: AgentChunk[Any]) -> bool:
+    """Whether the chunk is the model's words: the stream also carries what middleware adds
+    to the conversation (a file the Filesystem tools read, for one), which is not a reply."""
+    raw = chunk.raw.model_chunk if chunk.raw is not None else None
+    return raw is None or raw.role in (None, "model")
+
+
+def _told(
+    sink: TextSink | None, thread: Thread, requester: str
+) -> Callable[[str], Awaitable[None]]:
+    """The sink, bound to one turn's thread and requester."""
+
+    async def told(text: str) -> None:
+        if sink is not None:
+            await sink(Progress(thread, requester, text))
+
+    return told
 
 
 def resume_parts(

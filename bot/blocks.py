@@ -107,6 +107,17 @@ def escape(text: str) -> str:
     return reveal(text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
 
 
+# A URL or something Slack would link as one: scheme://…, www.…, or a domain with a path.
+_LINKISH = re.compile(r"\S*(?:://|www\.)\S*|[\w-]+(?:\.[\w-]+)+/\S*")
+
+
+def inert_links(escaped: str) -> str:
+    """Streamed markdown has no `verbatim` and no unfurl switch: a URL the model writes
+    (perhaps injected, for Slack's unfurler to fetch with data in its query) goes out as
+    code, which Slack neither links nor unfurls."""
+    return _LINKISH.sub(lambda m: "`" + m.group(0).replace("`", "'") + "`", escaped)
+
+
 def _clip(escaped: str, limit: int) -> str:
     """Shorten already-escaped text to `limit` chars, marked, cutting no escape in half."""
     if len(escaped) <= limit:

@@ -32,10 +32,12 @@ from agent.workflow import (
     Workflow,
 )
 from bot import blocks
+from bot.streaming import ReplyStream, Streams
 
 log = logging.getLogger(__name__)
 
 PERMALINKS_KEPT = 4096
+THINKING = "is thinking…"
 # Marks a card in the channel as an approval's, so a sweep can find a post cut off.
 CARD_EVENT = "greenlight_approval_card"
 # How far before its request a card is looked for: Slack's clock and ours may differ.
@@ -50,17 +52,28 @@ def card_mark(approval: Approval) -> dict[str, Any]:
 
 
 class Delivery:
-    def __init__(self, workflow: Workflow, *, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self, workflow: Workflow, *, clock: Callable[[], datetime], stream_interval: float = 1.0
+    ) -> None:
         self._workflow = workflow
         self._clock = clock
+        self._stream_interval = stream_interval
+        self._channel_names: dict[str, str] = {}
         # A message's permalink never changes: ask Slack once per message, not per redraw.
         # Kept as tasks, so a lookup started early (see `warm_link`) is shared, not repeated.
         self._permalinks: dict[tuple[str, str], asyncio.Future[str | None]] = {}
 
     async def outcome(
-        self, client: AsyncWebClient, outcome: TurnOutcome, *, placeholder: str | None = None
+        self, client: AsyncWebClient, outcome: TurnOutcome, *, stream: ReplyStream | None = None
     ) -> None:
-        """Render a turn's outcome into its thread (replacing the placeholder, if any)."""
+        """Render a turn's outcome into its thread: the end of its streamed reply, or a
+        message (replacing the placeholder, if the turn left one)."""
+        placeholder = None
+        if stream is not None:
+            closed = await stream.close(outcome.text if isinstance(outcome, Reply) else None)
+            if closed.delivered:
+                return
+            placeholder = closed.replace
         if isinstance(outcome, Reply):
             message = blocks.reply_message(outcome.text)
         elif isinstance(outcome, AwaitingApproval):
@@ -72,17 +85,77 @@ class Delivery:
         else:
             message = blocks.failure_message(retrying=outcome.retrying)
         await self.say(client, outcome.thread, message, replace=placeholder)
+        # An assistant thread's status line says what the turn waits for; set after the
+        # note, since a post clears it.
+        if isinstance(outcome, AwaitingApproval) and (stream is None or stream.status):
+            await self.status(client, outcome.thread, await self._waiting(client, outcome))
 
-    async def resumed(self, client: AsyncWebClient, resumed: Resumed) -> None:
+    def streams(self, client: AsyncWebClient, *, status: bool = True) -> Streams:
+        """The text sink for the turns one piece of work runs: each reply streams into its
+        thread, and an assistant thread shows "is thinking…" as its turn starts (`status`:
+        the thread may be one; a resume cannot tell, a new message can)."""
+        return Streams(
+            client,
+            interval=self._stream_interval,
+            on_start=(lambda thread: self.status(client, thread, THINKING)) if status else None,
+        )
+
+    async def status(self, client: AsyncWebClient, thread: Thread, status: str) -> None:
+        """The line under an assistant thread's composer ("is thinking…"). Assistant threads
+        live in the app's DMs; elsewhere (or for a DM not in one) Slack refuses the call,
+        which costs nothing but the call: the thread shows its placeholder instead."""
+        if not thread.channel_id.startswith("D"):
+            return
+        try:
+            await client.assistant_threads_setStatus(
+                channel_id=thread.channel_id, thread_ts=thread.thread_ts, status=status
+            )
+        except (SlackApiError, aiohttp.ClientError) as exc:
+            log.debug("no status in %s: %r", thread.channel_id, exc)
+
+    async def _waiting(self, client: AsyncWebClient, outcome: AwaitingApproval) -> str:
+        """ "is waiting for approval in #finance" (or for an answer, for a question)."""
+        first = outcome.approvals[0] if outcome.approvals else None
+        what = "an answer" if first is not None and first.request.question else "approval"
+        channel = first.card.channel if first is not None and first.card else None
+        if channel is None or channel == outcome.thread.channel_id:
+            return f"is waiting for {what}"
+        name = await self._channel_name(client, channel)
+        return f"is waiting for {what} in #{name}" if name else f"is waiting for {what}"
+
+    async def _channel_name(self, client: AsyncWebClient, channel: str) -> str | None:
+        """A channel's name, asked once per process (a rename shows after a restart)."""
+        if (known := self._channel_names.get(channel)) is not None:
+            return known
+        try:
+            name = (await client.conversations_info(channel=channel))["channel"].get("name")
+        except (SlackApiError, aiohttp.ClientError, KeyError) as exc:
+            log.warning("no name for channel %s: %r", channel, exc)
+            return None
+        if isinstance(name, str) and name:
+            if len(self._channel_names) >= PERMALINKS_KEPT:
+                self._channel_names.clear()
+            self._channel_names[channel] = name
+            return name
+        return None
+
+    async def resumed(
+        self, client: AsyncWebClient, resumed: Resumed, streams: Streams | None = None
+    ) -> None:
         # The thread first: the requester is waiting for the answer; the cards' redraw can
         # follow it. A failure the sweep retries stays quiet until it is settled.
         retrying = isinstance(resumed.outcome, Failed) and resumed.outcome.retrying
+        stream = streams.take(resumed.outcome.thread) if streams is not None else None
         if not retrying:
-            await self.outcome(client, resumed.outcome)
+            await self.outcome(client, resumed.outcome, stream=stream)
+        elif stream is not None:
+            await stream.close(None)  # what it said stays; the retry says the rest
         for approval in resumed.settled:
             await self.refresh_card(client, approval, final=not retrying)
 
-    async def sweep(self, client: AsyncWebClient, report: SweepReport) -> None:
+    async def sweep(
+        self, client: AsyncWebClient, report: SweepReport, streams: Streams | None = None
+    ) -> None:
         for approval in report.uncarded:  # a post cut off: is the card out already?
             found = await self._find_card(client, approval)
             if found is None:
@@ -93,7 +166,7 @@ class Delivery:
         for approval in report.expired:
             await self.refresh_card(client, approval, final=True)
         for resumed in report.resumed:
-            await self.resumed(client, resumed)
+            await self.resumed(client, resumed, streams)
 
     async def refresh_card(
         self, client: AsyncWebClient, approval: Approval, *, final: bool = False

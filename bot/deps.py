@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.workflow import Workflow
+from bot.assistant import AssistantThreads
 from bot.background import Background
 from bot.clicks import ClickLimit
 from bot.delivery import Delivery
@@ -20,3 +21,4 @@ class Deps:
     people: People
     background: Background
     clicks: ClickLimit
+    assistant: AssistantThreads

@@ -28,6 +28,7 @@ from agent.policy_file import PolicyFile
 from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig, ToolModuleError
 from agent.workflow import Workflow
 from bot.app import build_app
+from bot.assistant import AssistantThreads
 from bot.background import Background
 from bot.clicks import ClickLimit
 from bot.delivery import Delivery
@@ -140,10 +141,11 @@ class Service:
         workflow = self._workflow(policy_file, background)
         self.deps = deps = Deps(
             workflow=workflow,
-            delivery=Delivery(workflow, clock=utc_now),
+            delivery=Delivery(workflow, clock=utc_now, stream_interval=s.STREAM_INTERVAL_SECONDS),
             people=People(admin_users=s.ADMIN_USERS, clock=utc_now),
             background=background,
             clicks=ClickLimit(clock=utc_now),
+            assistant=AssistantThreads(s.ASSISTANT_PROMPTS),
         )
         assert s.SLACK_BOT_TOKEN is not None
         signing = s.SLACK_SIGNING_SECRET.get_secret_value() if s.SLACK_SIGNING_SECRET else None
@@ -264,14 +266,15 @@ class Service:
         assert self.deps is not None and self.app is not None
         while True:
             try:
-                report = await self.deps.workflow.sweep()
+                streams = self.deps.delivery.streams(self.app.client)
+                report = await self.deps.workflow.sweep(on_text=streams)
                 if report.expired or report.resumed:
                     log.info(
                         "recovery sweep resumed %d turn(s), expired %d approval(s)",
                         len(report.resumed),
                         len(report.expired),
                     )
-                await self.deps.delivery.sweep(self.app.client, report)
+                await self.deps.delivery.sweep(self.app.client, report, streams)
             except Exception:
                 log.exception("recovery sweep failed; trying again next interval")
             await asyncio.sleep(self.settings.RECOVERY_INTERVAL_SECONDS)

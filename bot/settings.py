@@ -14,11 +14,17 @@ from typing import Annotated
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from bot.assistant import Prompt
+
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./greenlight.db"
 DEFAULT_MODEL = "googleai/gemini-flash-latest"
 DEFAULT_TOOLS = "agent.example_tools"
 
 _SLACK_ID = re.compile(r"^[A-Z0-9]{2,}$")
+MAX_PROMPTS = 4
+DEFAULT_PROMPTS = (
+    Prompt("What can you do?", "What can you do for me, and what needs someone's approval?"),
+)
 
 
 def _split_csv(value: object) -> object:
@@ -59,6 +65,12 @@ class Settings(BaseSettings):
     RESUME_LEASE_SECONDS: float = Field(default=120.0, gt=0)
     MAX_CONCURRENT_TURNS: int = Field(default=8, ge=1, le=4096)
     LOG_LEVEL: str = "INFO"
+
+    # Slack surfaces: how often a streamed reply is sent on (Slack rate limits the calls),
+    # and the prompts an assistant thread offers when it opens (a JSON list: texts, or
+    # {"title": ..., "message": ...}; at most 4, Slack's limit; [] for none).
+    STREAM_INTERVAL_SECONDS: float = Field(default=1.0, ge=0, le=10)
+    ASSISTANT_PROMPTS: list[Prompt] = Field(default_factory=lambda: list(DEFAULT_PROMPTS))
 
     _split_tools = field_validator("AGENT_TOOLS", "ADMIN_USERS", mode="before")(_split_csv)
 
@@ -106,6 +118,23 @@ class Settings(BaseSettings):
         bad = [v for v in value if not (_SLACK_ID.match(v) and v[0] in "UW")]
         if bad:
             raise ValueError(f"must be Slack user IDs such as U0123ABCD, got {', '.join(bad)}")
+        return value
+
+    @field_validator("ASSISTANT_PROMPTS", mode="before")
+    @classmethod
+    def _prompts(cls, value: object) -> object:
+        """Plain texts are prompts whose title is the text itself."""
+        if isinstance(value, list):
+            return [{"title": v, "message": v} if isinstance(v, str) else v for v in value]
+        return value
+
+    @field_validator("ASSISTANT_PROMPTS")
+    @classmethod
+    def _few_prompts(cls, value: list[Prompt]) -> list[Prompt]:
+        if len(value) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts (Slack shows no more)")
+        if any(not (p.title.strip() and p.message.strip()) for p in value):
+            raise ValueError("a prompt needs a title and a message")
         return value
 
     @field_validator("LOG_LEVEL")

@@ -110,9 +110,10 @@ async def settled(deps: Deps, client: AsyncWebClient, decided: Decided) -> None:
         turn_id = decided.turn_id
 
         async def resume() -> None:
-            resumed = await deps.workflow.continue_turn(turn_id)
+            streams = deps.delivery.streams(client)
+            resumed = await deps.workflow.continue_turn(turn_id, on_text=streams)
             if resumed is not None:
-                await deps.delivery.resumed(client, resumed)
+                await deps.delivery.resumed(client, resumed, streams)
 
         deps.background.spawn(resume(), name=f"resume {turn_id}")
     await deps.delivery.refresh_card(client, decided.approval)

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
-import time
 from typing import Any
 
 from slack_bolt.async_app import AsyncApp, AsyncBoltContext
+from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.workflow import AnsweredInThread, Thread
 from bot import blocks
+from bot.assistant import is_assistant_thread, title_of
 from bot.deps import Deps
 from bot.listeners.actions import settled
 from bot.listeners.fields import message_ts, obj, slack_id
 
+log = logging.getLogger(__name__)
+
 EVENT_ID = re.compile(r"Ev[A-Za-z0-9]{1,62}")
-STREAM_INTERVAL = 1.0  # seconds between placeholder updates: chat.update is rate limited
 HELLO = "Hi! Tell me what you need. Actions that need a human's approval will wait for one."
 
 
@@ -65,13 +68,15 @@ async def handle(
     if not await deps.workflow.accept_event(event_id):
         return  # Slack's retry of an event already handled
     text = re.sub(rf"{re.escape(bot_mention)}\s*", "", text).strip()
-    # A turn that must wait for a free slot shows progress now; one that starts at once
+    # An assistant thread shows Slack's status line instead of a placeholder. Elsewhere a
+    # turn that must wait for a free slot shows progress now; one that starts at once
     # posts it itself, after its first query is on its way.
+    assistant = is_assistant_thread(event)
     posting = None
-    if text and not deps.background.has_room():
+    if text and not assistant and not deps.background.has_room():
         thinking = blocks.thinking_message()
         posting = asyncio.create_task(deps.delivery.say(client, thread, thinking))
-    turn = run_turn(deps, client, thread, event["user"], text, posting)
+    turn = run_turn(deps, client, thread, event["user"], text, posting, assistant=assistant)
     deps.background.spawn(turn, name="turn")
 
 
@@ -82,9 +87,10 @@ async def run_turn(
     user: str,
     text: str,
     posting: asyncio.Task[str | None] | None = None,
+    *,
+    assistant: bool = False,
 ) -> None:
-    """Show progress (unless `posting` already does), stream the reply into it, then the
-    outcome.
+    """Show progress (unless `posting` already does), stream the reply, then the outcome.
 
     The turn does not wait for the placeholder: the model's first answer (often an approval
     card) need not wait for Slack's round trip. No text, no turn: a greeting.
@@ -92,26 +98,37 @@ async def run_turn(
     if not text:
         await deps.delivery.say(client, thread, blocks.reply_message(HELLO))
         return
-    if posting is None:
+    titling = None
+    if assistant:  # the first message names the thread in the assistant's history
+        titling = asyncio.create_task(title(deps, client, thread, text))
+    elif posting is None:
         posting = asyncio.create_task(deps.delivery.say(client, thread, blocks.thinking_message()))
     deps.delivery.warm_link(client, thread)  # the card names the thread, if there is a card
-    last = time.monotonic()
-
-    async def on_text(so_far: str) -> None:
-        nonlocal last
-        placeholder = await posting
-        if placeholder is None or time.monotonic() - last < STREAM_INTERVAL:
-            return
-        last = time.monotonic()
-        await deps.delivery.say(client, thread, blocks.reply_message(so_far), replace=placeholder)
-
+    streams = deps.delivery.streams(client, status=assistant)
+    streams.open(thread, user, posting)
+    viewing = deps.assistant.viewing(thread) if assistant else None
     try:
-        outcome = await deps.workflow.start_turn(thread, user, text, on_text=on_text)
+        outcome = await deps.workflow.start_turn(
+            thread, user, text, on_text=streams, viewing=viewing
+        )
     finally:
-        placeholder = await posting
-    await deps.delivery.outcome(client, outcome, placeholder=placeholder)
+        if titling is not None:
+            await titling
+    await deps.delivery.outcome(client, outcome, stream=streams.take(thread))
     if isinstance(outcome, AnsweredInThread):  # the reply answered the agent's question
         await settled(deps, client, outcome.decided)
+
+
+async def title(deps: Deps, client: AsyncWebClient, thread: Thread, text: str) -> None:
+    """An assistant thread's title, from its first message (a thread not yet known)."""
+    if await deps.workflow.knows(thread):
+        return
+    try:
+        await client.assistant_threads_setTitle(
+            channel_id=thread.channel_id, thread_ts=thread.thread_ts, title=title_of(text)
+        )
+    except SlackApiError as exc:
+        log.warning("could not title an assistant thread: %s", exc.response.get("error"))
 
 
 def register(app: AsyncApp) -> None:

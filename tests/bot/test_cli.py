@@ -66,6 +66,11 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "chat_postMessage": ("chat:write",),
     "chat_update": ("chat:write",),
     "chat_postEphemeral": ("chat:write",),
+    "chat_delete": ("chat:write",),  # the placeholder, once the reply streams below it
+    "chat_stream": ("chat:write",),  # chat.startStream / appendStream / stopStream
+    "assistant_threads_setStatus": ("assistant:write",),
+    "assistant_threads_setSuggestedPrompts": ("assistant:write",),
+    "assistant_threads_setTitle": ("assistant:write",),
     "chat_getPermalink": (),
     "views_open": (),
     "views_update": (),
@@ -81,6 +86,8 @@ EVENT_SCOPES = {
     "message.im": "im:history",
     "message.channels": "channels:history",
     "message.groups": "groups:history",
+    "assistant_thread_started": "assistant:write",
+    "assistant_thread_context_changed": "assistant:write",
 }
 
 
@@ -97,6 +104,7 @@ def test_manifest_asks_for_exactly_the_scopes_the_code_uses() -> None:
     assert manifest["settings"]["interactivity"]["is_enabled"] is True
     assert [c["command"] for c in manifest["features"]["slash_commands"]] == ["/approvals"]
     assert manifest["features"]["app_home"]["messages_tab_enabled"] is True
+    assert manifest["features"]["assistant_view"]["assistant_description"]
 
 
 def test_tools_that_cannot_be_loaded_are_a_configuration_error(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ and where each value came from. Against the real service, fake Slack and Gemini,
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from tests.bot.conftest import (
     new_ts,
     settle,
 )
-from tests.bot.test_e2e import BOSS, REQUESTER, decided_card, reply_in_thread, text_of
+from tests.bot.test_e2e import BOSS, REQUESTER, decided_card, reply_in_thread, said, text_of
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, call, calls, function_call, text
 from tests.fakes.slack_api import Call, FakeSlack
@@ -44,10 +43,6 @@ def field(card: Call, name: str) -> str:
             if f["text"].startswith(f"*{name}*"):
                 return str(f["text"])
     raise AssertionError(f"no field {name} on the card")
-
-
-def says(reply: str) -> Callable[[Call], bool]:
-    return lambda c: text_of(c) == reply
 
 
 def shown(card: Call) -> str:
@@ -153,7 +148,7 @@ async def test_a_long_conversation_pages_and_each_page_is_checked_again(
         ts, parent = (thread, None) if i == 0 else (new_ts(), thread)
         event = sp.message_im_event(team, REQUESTER, DM, message, ts, thread_ts=parent)
         assert (await client.send(event))[0] == 200
-        await fake_slack.wait_for("chat.update", predicate=says(f"Noted {i}."))
+        await said(fake_slack, f"Noted {i}.")
     gemini.script(function_call("transferMoney", {"amount": 1, "toAccount": "2"}))
     event = sp.message_im_event(team, REQUESTER, DM, "now pay 1 to 2", new_ts(), thread_ts=thread)
     assert (await client.send(event))[0] == 200
@@ -197,7 +192,7 @@ async def test_the_requesters_history_is_on_the_next_card(
     card = await dm_until_card(client, fake_slack, team, "pay 5 to 1")
     gemini.script(text("Paid."))
     await client.click(team, BOSS, "approve", card)
-    await fake_slack.wait_for("chat.postMessage", predicate=says("Paid."))
+    await said(fake_slack, "Paid.")
     await settle(service)
     fake_slack.calls.clear()
 
@@ -245,7 +240,7 @@ async def test_a_provenance_rule_holds_an_otherwise_allowed_call(
     gemini.script(function_call("transferMoney", {"amount": 5, "toAccount": "12345"}), text("Ok."))
     thread = new_ts()
     assert (await client.dm(team, REQUESTER, "send 5 to 12345", ts=thread))[0] == 200
-    await fake_slack.wait_for("chat.update", predicate=lambda c: text_of(c) == "Ok.")
+    await said(fake_slack, "Ok.")
     assert [e["to"] for e in ledger_tools.entries()] == ["12345"]
     assert [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(APPROVERS)(c)] == []
 

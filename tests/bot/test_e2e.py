@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from multidict import CIMultiDict
 from sqlalchemy import func, select
 
 from agent.workflow import Approved
@@ -47,7 +48,15 @@ REQUESTER = "UEMP"
 BOSS = "UBOSS"
 PINGS = ("<!channel>", "<@U123>", "<!subteam^S1>")
 NASTY = " ".join(PINGS)
-TO_SLACK = ("chat.postMessage", "chat.update", "chat.postEphemeral", "views.open")
+TO_SLACK = (
+    "chat.postMessage",
+    "chat.update",
+    "chat.postEphemeral",
+    "views.open",
+    "chat.startStream",
+    "chat.appendStream",
+    "chat.stopStream",
+)
 
 
 @dataclass
@@ -101,15 +110,49 @@ def decided_card(marker: str) -> Callable[[Call], bool]:
 
 
 async def reply_in_thread(fake_slack: FakeSlack, thread_ts: str, timeout: float = 5.0) -> Call:  # noqa: ASYNC109
-    """The message posted into the requester's thread after the placeholder."""
-    posts = await fake_slack.wait_for(
-        "chat.postMessage", count=2, predicate=in_channel(DM, thread_ts), timeout=timeout
-    )
-    return posts[1]
+    """The message in the requester's thread after the first (the placeholder, or the note
+    it became), as the requester reads it once whole (posted, or streamed and stopped)."""
+
+    def second(message: dict[str, Any]) -> bool:
+        thread = fake_slack.thread(DM, thread_ts)
+        return len(thread) >= 2 and message is thread[1]
+
+    message = await fake_slack.wait_for_message(second, timeout=timeout)
+    return Call("message", message, CIMultiDict())
+
+
+async def said(
+    fake_slack: FakeSlack,
+    text: str,
+    channel: str = DM,
+    *,
+    prefix: bool = False,
+    timeout: float = 5.0,  # noqa: ASYNC109
+) -> dict[str, Any]:
+    """Wait for a message in `channel` that reads `text` (or starts with it) once whole."""
+
+    def match(m: dict[str, Any]) -> bool:
+        got = str(m.get("text", ""))
+        return m.get("channel") == channel and (got.startswith(text) if prefix else got == text)
+
+    return await fake_slack.wait_for_message(match, timeout=timeout)
+
+
+def streamed(fake_slack: FakeSlack) -> list[str]:
+    """The texts replies started streaming with, in the order they started."""
+    starts = [c for c in fake_slack.calls_to("chat.startStream") if not c.injected]
+    return ["".join(chunk["text"] for chunk in c.args["chunks"]) for c in starts]
 
 
 def thread_posts(fake_slack: FakeSlack, thread_ts: str) -> list[Call]:
-    return [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(DM, thread_ts)(c)]
+    """Messages the bot started in the thread: posts and streams."""
+    return [
+        c
+        for c in fake_slack.calls
+        if c.method in ("chat.postMessage", "chat.startStream")
+        and not c.injected
+        and in_channel(DM, thread_ts)(c)
+    ]
 
 
 # -- approve and deny ------------------------------------------------------------------------
@@ -304,15 +347,13 @@ async def test_a_retried_event_runs_the_agent_once(
     ]
     assert [status for status, _ in await asyncio.gather(*retries)] == [200, 200, 200]
 
-    (done,) = await fake_slack.wait_for(
-        "chat.update", predicate=lambda c: text_of(c) == "Hello there."
-    )
+    done = await said(fake_slack, "Hello there.")
     await settle(service)
-    assert done.args["channel"] == DM
-    assert fake_slack.messages[done.args["ts"]]["thread_ts"] == ts
+    assert done["thread_ts"] == ts
     assert len(gemini.generate_requests()) == 1
-    assert len(thread_posts(fake_slack, ts)) == 1  # one placeholder, one turn
-    assert len(fake_slack.calls_to("chat.update")) == 1
+    # one placeholder (gone once the reply streamed under it), one turn, one reply
+    assert len(thread_posts(fake_slack, ts)) == 2
+    assert [m["text"] for m in fake_slack.thread(DM, ts)] == ["Hello there."]
 
 
 async def test_pings_from_the_model_or_tool_input_never_reach_slack_raw(
@@ -331,9 +372,7 @@ async def test_pings_from_the_model_or_tool_input_never_reach_slack_raw(
     gemini.script(text("Sure ", NASTY, delay=0.0))
     ts = new_ts()
     await client.dm(team, REQUESTER, "ping everyone", ts=ts)
-    await fake_slack.wait_for(
-        "chat.update", predicate=lambda c: in_channel(DM)(c) and text_of(c).startswith("Sure ")
-    )
+    await said(fake_slack, "Sure ", prefix=True)
     await settle(service)
 
     sent = [c for c in fake_slack.calls if c.method in TO_SLACK]
@@ -357,9 +396,7 @@ async def test_admin_allows_a_tool_and_it_then_runs_without_approval(
     gemini.script(function_call("getBalance", {"account": "A1"}), text("Your balance is 100."))
     ts = new_ts()
     await client.dm(team, REQUESTER, "what's my balance?", ts=ts)
-    await fake_slack.wait_for(
-        "chat.update", predicate=lambda c: text_of(c) == "Your balance is 100.", timeout=10
-    )
+    await said(fake_slack, "Your balance is 100.", timeout=10)
     await settle(service)
     assert ledger_tools.entries() == [{"tool": "getBalance", "account": "A1"}]
     assert not [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(APPROVERS)(c)]
@@ -461,10 +498,8 @@ async def test_ack_is_immediate_while_the_model_is_slow(
     elapsed = time.perf_counter() - started
     assert status == 200 and elapsed < 1.0, f"acknowledged after {elapsed:.2f}s"
     await fake_slack.wait_for("chat.postMessage", predicate=in_channel(DM, ts))  # placeholder
-    (reply,) = await fake_slack.wait_for(
-        "chat.update", predicate=lambda c: text_of(c) == "Finally.", timeout=15
-    )
-    assert reply.args["channel"] == DM
+    reply = await said(fake_slack, "Finally.", timeout=15)
+    assert reply["thread_ts"] == ts
 
 
 @pytest.fixture
@@ -489,8 +524,8 @@ async def test_a_turn_waiting_on_the_model_gives_its_slot_to_the_next(
     assert (await one_slot.dm(team, REQUESTER, "one", ts=new_ts()))[0] == 200
     await poll(lambda: len(gemini.generate_requests()) == 1, "the first model call")
     assert (await one_slot.dm(team, REQUESTER, "two", ts=new_ts()))[0] == 200
-    await fake_slack.wait_for("chat.update", predicate=lambda c: text_of(c) == "first")
-    answers = [text_of(c) for c in fake_slack.calls_to("chat.update")]
+    await said(fake_slack, "first")
+    answers = streamed(fake_slack)
     assert answers.index("second") < answers.index("first")
 
 
@@ -499,17 +534,16 @@ async def test_a_turn_waiting_for_a_free_slot_shows_progress_at_once(
 ) -> None:
     gemini.script(text("first"), text("second"))
     # The first turn keeps its slot while Slack makes it wait to post its answer.
-    fake_slack.fail_next("chat.update", status=429, retry_after=2)
+    fake_slack.fail_next("chat.startStream", status=429, retry_after=2)
     first, second = new_ts(), new_ts()
     assert (await one_slot.dm(team, REQUESTER, "one", ts=first))[0] == 200
-    await fake_slack.wait_for("chat.update", include_injected=True)
+    await fake_slack.wait_for("chat.startStream", include_injected=True)
     assert (await one_slot.dm(team, REQUESTER, "two", ts=second))[0] == 200
     # The second thread shows progress while its turn waits for the only slot.
     await fake_slack.wait_for("chat.postMessage", predicate=in_channel(DM, second))
     assert len(gemini.generate_requests()) == 1
-    await fake_slack.wait_for("chat.update", predicate=lambda c: text_of(c) == "second")
-    answers = [text_of(c) for c in fake_slack.calls_to("chat.update") if not c.injected]
-    assert answers == ["first", "second"]  # in order, one at a time
+    await said(fake_slack, "second")
+    assert streamed(fake_slack) == ["first", "second"]  # in order, one at a time
 
 
 async def test_healthz(client: SlackClient) -> None:
@@ -599,12 +633,9 @@ async def test_socket_mode_acks_envelopes_and_replies_in_thread(
     (placeholder,) = await fake_slack.wait_for(
         "chat.postMessage", predicate=in_channel("C0GENERAL", ts)
     )
-    (reply,) = await fake_slack.wait_for(
-        "chat.update", predicate=lambda c: text_of(c) == "Deployed nothing, just saying hi."
-    )
+    reply = await said(fake_slack, "Deployed nothing, just saying hi.", "C0GENERAL")
     assert text_of(placeholder) == "_Thinking…_"
-    assert reply.args["channel"] == "C0GENERAL"
-    assert fake_slack.messages[reply.args["ts"]]["thread_ts"] == ts
+    assert reply["thread_ts"] == ts
     user_text = gemini.generate_requests()[0].json
     assert user_text is not None and "<@U0000BOT>" not in json.dumps(user_text)
 

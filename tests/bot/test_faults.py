@@ -386,13 +386,8 @@ async def test_a_bot_killed_after_the_tool_ran_resumes_once_in_the_next_process(
             async with bot_process("second", fake_slack, gemini, bot_database, tmp_path) as second:
                 await second.wait_healthy(http)
                 # The start-up sweep (again every 0.5 s, once the dead lease ran out) resumes.
-                posts = await fake_slack.wait_for(
-                    "chat.postMessage",
-                    count=2,
-                    predicate=in_channel(DM, ts),
-                    timeout=RECOVERY_TIMEOUT,
-                )
-                assert text_of(posts[1]) == "Sent 500 to 12345."
+                reply = await reply_in_thread(fake_slack, ts, timeout=RECOVERY_TIMEOUT)
+                assert text_of(reply) == "Sent 500 to 12345."
                 await fake_slack.wait_for(
                     "chat.update", predicate=decided_card("Ran."), timeout=RECOVERY_TIMEOUT
                 )

@@ -12,7 +12,7 @@ import pytest
 
 from bot.server import Service
 from tests.bot.conftest import ADMIN, APPROVERS, SlackClient, in_channel, new_ts, settle
-from tests.bot.test_e2e import BOSS, REQUESTER, decided_card, reply_in_thread, text_of
+from tests.bot.test_e2e import BOSS, REQUESTER, decided_card, reply_in_thread, said, text_of
 from tests.fakes.gemini import FakeGemini, function_call, text
 from tests.fakes.slack_api import FakeSlack
 
@@ -38,7 +38,7 @@ async def test_a_read_runs_without_approval(
     gemini.script(function_call("read_file", {"file_path": "notes.txt"}), text("It says hello."))
     ts = new_ts()
     assert (await client.dm(team, REQUESTER, "what's in notes.txt?", ts=ts))[0] == 200
-    await fake_slack.wait_for("chat.update", predicate=lambda c: text_of(c) == "It says hello.")
+    await said(fake_slack, "It says hello.")
     await settle(service)
     assert [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(APPROVERS)(c)] == []
     model_saw = json.dumps(gemini.generate_requests()[-1].json)

@@ -13,7 +13,7 @@ import pytest
 from bot.server import Service
 from tests import ledger_tools
 from tests.bot.conftest import ADMIN, APPROVERS, SlackClient, in_channel, new_ts, settle
-from tests.bot.test_e2e import ask, text_of
+from tests.bot.test_e2e import ask, said, text_of
 from tests.conftest import poll
 from tests.fakes.gemini import FakeGemini, function_call, text
 from tests.fakes.slack_api import Call, FakeSlack
@@ -48,7 +48,7 @@ async def test_a_rule_lets_small_calls_run_without_a_card(
     gemini.script(function_call("transferMoney", {"amount": 50, "toAccount": "9"}), text("Sent."))
     ts = new_ts()
     assert (await client.dm(team, "UEMP", "send 50 to 9", ts=ts))[0] == 200
-    await fake_slack.wait_for("chat.update", predicate=lambda c: text_of(c) == "Sent.")
+    await said(fake_slack, "Sent.")
     await settle(service)
     assert [e["amount"] for e in ledger_tools.entries()] == [50]
     assert [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(APPROVERS)(c)] == []

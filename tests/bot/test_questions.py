@@ -14,7 +14,7 @@ import pytest
 from bot.server import Service
 from tests import ledger_tools
 from tests.bot.conftest import APPROVERS, DM, SlackClient, button_value, in_channel, new_ts, settle
-from tests.bot.test_e2e import BOSS, REQUESTER, reply_in_thread, text_of
+from tests.bot.test_e2e import BOSS, REQUESTER, said, text_of
 from tests.conftest import poll
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, call, calls, function_call, text
@@ -50,7 +50,7 @@ async def test_a_question_to_the_requester_is_answered_by_their_reply_in_the_thr
     reply = sp.message_im_event(team, REQUESTER, DM, "the savings one", new_ts(), thread_ts=thread)
     assert (await client.send(reply))[0] == 200
     await fake_slack.wait_for("chat.update", predicate=answered_card)
-    await fake_slack.wait_for("chat.postMessage", predicate=says("Moved it to savings."))
+    await said(fake_slack, "Moved it to savings.")
     [response] = gemini.function_responses()
     assert response["name"] == "askHuman"
     assert response["response"]["content"] == {
@@ -68,10 +68,6 @@ def asks_in(thread: str) -> Callable[[Call], bool]:
         return in_channel(DM, thread)(call) and '"action_id": "answer"' in json.dumps(call.args)
 
     return match
-
-
-def says(reply: str) -> Callable[[Call], bool]:
-    return lambda c: text_of(c) == reply
 
 
 async def test_a_question_to_the_approvers_is_answered_in_a_modal_once(
@@ -112,8 +108,8 @@ async def test_a_question_to_the_approvers_is_answered_in_a_modal_once(
     again = await client.submit(team, "UOTHERBOSS", view, typed("No!"))
     assert again[0] == 200 and "Already answered by <@UBOSS>" in again[1]
     await fake_slack.wait_for("chat.update", predicate=answered_card)
-    reply = await reply_in_thread(fake_slack, thread)
-    assert text_of(reply) == "Finance says yes; refunded."
+    reply = await said(fake_slack, "Finance says yes; refunded.")
+    assert reply["thread_ts"] == thread
     [response] = gemini.function_responses()
     assert response["response"]["content"] == {"answer": "Yes, in full.", "answered_by": BOSS}
     await settle(service)
@@ -147,7 +143,7 @@ async def test_a_turn_with_an_approval_and_a_question_resumes_once_when_both_are
     gemini.script(text("Sent, with the memo."))
     reply = sp.message_im_event(team, REQUESTER, DM, "rent for May", new_ts(), thread_ts=thread)
     await client.send(reply)
-    await fake_slack.wait_for("chat.postMessage", predicate=says("Sent, with the memo."))
+    await said(fake_slack, "Sent, with the memo.")
     await settle(service)
     responses = {r["name"]: r["response"]["content"] for r in gemini.function_responses()}
     assert responses["askHuman"] == {"answer": "rent for May", "answered_by": REQUESTER}
@@ -199,7 +195,7 @@ async def test_an_interrupt_a_module_defines_is_a_question_never_an_approval(
     (opened,) = await fake_slack.wait_for("views.open")
     gemini.script(text("Shipping with UPS then."))
     assert await client.submit(team, REQUESTER, opened.args["view"], typed("use UPS")) == (200, "")
-    await fake_slack.wait_for("chat.postMessage", predicate=says("Shipping with UPS then."))
+    await said(fake_slack, "Shipping with UPS then.")
     [response] = gemini.function_responses()
     assert response["response"]["content"] == {"answer": "use UPS", "answered_by": REQUESTER}
     await settle(service)
@@ -243,7 +239,7 @@ async def test_a_tool_that_asks_with_a_typed_answer_gets_a_form(
     good = bad | {"quantity": {"value": {"type": "number_input", "value": "3"}}}
     gemini.script(text("Shipping 3 from north."))
     assert await client.submit(team, BOSS, view, good) == (200, "")
-    await fake_slack.wait_for("chat.postMessage", predicate=says("Shipping 3 from north."))
+    await said(fake_slack, "Shipping 3 from north.")
     [response] = gemini.function_responses()
     assert response["response"]["content"] == {"warehouse": "north", "quantity": 3}
     await settle(service)

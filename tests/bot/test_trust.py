@@ -30,7 +30,7 @@ from tests.bot.conftest import (
     new_ts,
     settle,
 )
-from tests.bot.test_e2e import BOSS, TRANSFER, ask, decided_card, reply_in_thread, text_of
+from tests.bot.test_e2e import BOSS, TRANSFER, ask, decided_card, reply_in_thread, said, text_of
 from tests.conftest import poll
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, function_call, text
@@ -192,7 +192,7 @@ async def test_nobody_whose_message_led_to_the_call_may_approve_it(
     gemini.script(text("Noted: pay the vendor when someone asks."))
     mention = sp.app_mention_event(team, a, channel, f"<@{BOT_USER_ID}> remember the vendor", top)
     assert (await client.send(mention))[0] == 200
-    await fake_slack.wait_for("chat.update", predicate=in_channel(channel))  # the reply
+    await said(fake_slack, "Noted: pay the vendor when someone asks.", channel)
     await settle(service)
     gemini.script(function_call("transferMoney", TRANSFER, id="call-1"))
     reply = sp.message_channel_event(team, b, channel, "thanks, go ahead", new_ts(), top)
@@ -227,15 +227,17 @@ async def test_no_message_is_unfurled_and_no_text_is_auto_linked(
     reply = await reply_in_thread(fake_slack, asked.thread_ts)
     await settle(service)
     posts = fake_slack.calls_to("chat.postMessage")
-    assert len(posts) == 3  # the placeholder (later the note), the card, the reply
+    assert len(posts) == 2  # the placeholder (later the note), the card; the reply streamed
     for post in posts:
         assert post.args.get("unfurl_links") in (False, "0", "false"), post.args
         assert post.args.get("unfurl_media") in (False, "0", "false"), post.args
-    for message in (reply, asked.card, asked.note):
+    for message in (asked.card, asked.note):
         objects = [b["text"] for b in message.args.get("blocks", []) if "text" in b]
         mrkdwn = [o for o in objects if o.get("type") == "mrkdwn"]
         assert mrkdwn and all(o.get("verbatim") is True for o in mrkdwn)
-    assert "https://evil.example/track?u=1" in text_of(reply)
+    # A stream has no unfurl or verbatim switch: the URL goes out as code, never a link.
+    assert "`https://evil.example/track?u=1`" in text_of(reply)
+    assert text_of(reply).count("https://") == 1
 
 
 # -- 7. No truncation without the whole ---------------------------------------------------------
@@ -270,9 +272,7 @@ async def test_a_call_with_invalid_input_gets_no_card_and_the_model_hears_why(
     )
     ts = new_ts()
     assert (await client.dm(team, "UEMP", "send lots to 12345", ts=ts))[0] == 200
-    await fake_slack.wait_for(
-        "chat.update", predicate=lambda c: text_of(c) == "Sorry, how much exactly?"
-    )
+    await said(fake_slack, "Sorry, how much exactly?")
     await settle(service)
     assert [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(APPROVERS)(c)] == []
     [answer] = gemini.function_responses()

@@ -148,6 +148,7 @@ class FakeSlack:
             "conversations.replies": self._replies,
             "assistant.threads.setStatus": lambda args: {"ok": True},
             "assistant.threads.setSuggestedPrompts": lambda args: {"ok": True},
+            "chat.delete": self._delete,
             "chat.startStream": self._start_stream,
             "chat.appendStream": self._append_stream,
             "chat.stopStream": self._stop_stream,
@@ -228,6 +229,42 @@ class FakeSlack:
                 f"received:\n{seen or '  nothing'}"
             ) from None
         return matching()[:count]
+
+    def finished(self, message: JSON) -> bool:
+        """Whether a reader sees the message whole (not mid-stream)."""
+        return str(message.get("ts")) not in self._streaming
+
+    def thread(self, channel: str, thread_ts: str) -> list[JSON]:
+        """The messages the bot has in a thread now (deleted ones gone), oldest first."""
+        found = [
+            m
+            for m in self.messages.values()
+            if m.get("channel") == channel and m.get("thread_ts") == thread_ts
+        ]
+        return sorted(found, key=lambda m: float(m["ts"]))
+
+    async def wait_for_message(
+        self,
+        predicate: Callable[[JSON], bool],
+        timeout: float = 5.0,  # noqa: ASYNC109 - a test helper's deadline, like pytest's
+    ) -> JSON:
+        """The first message, as a reader sees it once whole, that matches `predicate`."""
+
+        def found() -> JSON | None:
+            messages = sorted(self.messages.values(), key=lambda m: float(m["ts"]))
+            return next((m for m in messages if self.finished(m) and predicate(m)), None)
+
+        try:
+            async with asyncio.timeout(timeout), self._cond:
+                await self._cond.wait_for(lambda: found() is not None)
+        except TimeoutError:
+            seen = "\n".join(f"  {json.dumps(m)[:200]}" for m in self.messages.values())
+            raise AssertionError(
+                f"no such message within {timeout}s; messages:\n{seen or '  none'}"
+            ) from None
+        message = found()
+        assert message is not None
+        return message
 
     def fail_next(
         self,
@@ -346,6 +383,7 @@ class FakeSlack:
         msg = self.messages.setdefault(ts, self._message({}, ts))
         msg.update({k: args[k] for k in ("text", "blocks", "attachments", "metadata") if k in args})
         msg["edited"] = {"user": self.bot_user_id, "ts": self._next_ts()}
+        self._streaming.discard(ts)  # an update ends a stream (one that expired, say)
         return {"ok": True, "channel": channel, "ts": ts, "text": msg["text"], "message": msg}
 
     def _post_ephemeral(self, args: JSON) -> JSON:
@@ -450,6 +488,13 @@ class FakeSlack:
     def _conversation_members(self, args: JSON) -> JSON:
         members = self.members.get(str(args.get("channel", "")), [])
         return {"ok": True, "members": members, "response_metadata": {"next_cursor": ""}}
+
+    def _delete(self, args: JSON) -> JSON:
+        ts = str(args.get("ts", ""))
+        if self.messages.get(ts, {}).get("channel") != args.get("channel"):
+            return _err("message_not_found")
+        del self.messages[ts]
+        return {"ok": True, "channel": args.get("channel"), "ts": ts}
 
     def _start_stream(self, args: JSON) -> JSON:
         if not args.get("channel") or not args.get("thread_ts"):

@@ -184,6 +184,33 @@ def app_mention_event(
     return _event_callback(team, event, event_id, app_id, bot_user_id)
 
 
+def assistant_thread_event(
+    kind: str,
+    team: str,
+    user: str,
+    channel: str,
+    thread_ts: str,
+    viewing: str | None = None,
+    *,
+    app_id: str = APP_ID,
+    bot_user_id: str = BOT_USER_ID,
+) -> Payload:
+    """`assistant_thread_started` or `assistant_thread_context_changed`: an assistant thread
+    in the app's DM `channel`, opened (or followed) beside channel `viewing`."""
+    context = {"channel_id": viewing, "team_id": team, "enterprise_id": None} if viewing else {}
+    event = {
+        "type": kind,
+        "assistant_thread": {
+            "user_id": user,
+            "context": context,
+            "channel_id": channel,
+            "thread_ts": thread_ts,
+        },
+        "event_ts": thread_ts,
+    }
+    return _event_callback(team, event, None, app_id, bot_user_id)
+
+
 def url_verification(challenge: str = "challenge-token") -> Payload:
     """Sent once when the Request URL is saved; the app must echo `challenge`."""
     return _json({"token": VERIFICATION_TOKEN, "challenge": challenge, "type": "url_verification"})

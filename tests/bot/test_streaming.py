@@ -1,0 +1,114 @@
+"""Replies stream into their thread as the model writes them (chat.startStream / appendStream /
+stopStream), for a first turn and after an approval, and fall back to one message rewritten
+with chat.update where Slack refuses a stream."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.server import Service
+from tests.bot.conftest import DM, SlackClient, new_ts, settle
+from tests.bot.test_e2e import BOSS, REQUESTER, ask, reply_in_thread, said, text_of
+from tests.fakes.gemini import FakeGemini, text
+from tests.fakes.slack_api import FakeSlack
+
+# Every piece goes out as it comes (the default batches them a second apart).
+EVERY_PIECE = pytest.mark.parametrize("service_overrides", [{"STREAM_INTERVAL_SECONDS": 0}])
+
+
+def stream_calls(fake_slack: FakeSlack, ts: str | None = None) -> list[str]:
+    """The stream methods called, in order (for the stream at `ts`, if given)."""
+    methods = ("chat.startStream", "chat.appendStream", "chat.stopStream")
+    return [
+        c.method
+        for c in fake_slack.calls
+        if c.method in methods and not c.injected and (ts is None or c.args.get("ts") in (ts, None))
+    ]
+
+
+@EVERY_PIECE
+async def test_a_first_reply_streams_in_pieces_and_replaces_the_placeholder(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    gemini.script(text("Your ", "balance ", "is ", "100 ", "dollars."))
+    ts = new_ts()
+    assert (await client.dm(team, REQUESTER, "balance?", ts=ts))[0] == 200
+    reply = await said(fake_slack, "Your balance is 100 dollars.")
+    await settle(service)
+    calls = stream_calls(fake_slack)
+    assert calls[0] == "chat.startStream" and calls[-1] == "chat.stopStream"
+    assert calls.count("chat.appendStream") >= 2, calls
+    (start,) = fake_slack.calls_to("chat.startStream")
+    assert start.args["recipient_user_id"] == REQUESTER and start.args["thread_ts"] == ts
+    # The "Thinking…" placeholder went once the reply streamed below it: one message remains.
+    assert fake_slack.calls_to("chat.delete")
+    assert [m["ts"] for m in fake_slack.thread(DM, ts)] == [reply["ts"]]
+
+
+@EVERY_PIECE
+async def test_a_reply_after_an_approval_streams_in_pieces(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    asked = await ask(client, fake_slack, gemini, team)
+    gemini.script(text("Sent ", "500 ", "to ", "account ", "12345."))
+    assert (await client.click(team, BOSS, "approve", asked.card))[0] == 200
+    reply = await reply_in_thread(fake_slack, asked.thread_ts)
+    await settle(service)
+    assert text_of(reply) == "Sent 500 to account 12345."
+    calls = stream_calls(fake_slack)
+    assert calls[0] == "chat.startStream" and calls[-1] == "chat.stopStream"
+    assert calls.count("chat.appendStream") >= 2, calls
+
+
+async def test_pieces_are_batched_by_default(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """Five pieces arriving within moments: a start and a stop, no append per piece."""
+    gemini.script(text("One ", "two ", "three ", "four ", "five."))
+    assert (await client.dm(team, REQUESTER, "count", ts=new_ts()))[0] == 200
+    await said(fake_slack, "One two three four five.")
+    await settle(service)
+    assert stream_calls(fake_slack).count("chat.appendStream") <= 1
+
+
+@EVERY_PIECE
+async def test_where_slack_refuses_a_stream_the_placeholder_is_rewritten(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    fake_slack.fail_next("chat.startStream", error="not_allowed_token_type")
+    gemini.script(text("Plain ", "old ", "update."))
+    ts = new_ts()
+    assert (await client.dm(team, REQUESTER, "hello", ts=ts))[0] == 200
+    reply = await said(fake_slack, "Plain old update.")
+    await settle(service)
+    (placeholder,) = fake_slack.calls_to("chat.postMessage")
+    assert reply["ts"] != placeholder.args.get("ts") and reply["thread_ts"] == ts
+    assert [m["text"] for m in fake_slack.thread(DM, ts)] == ["Plain old update."]
+    assert not [c for c in fake_slack.calls_to("chat.startStream") if not c.injected]
+    assert not fake_slack.calls_to("chat.appendStream")
+
+
+@EVERY_PIECE
+async def test_a_stream_that_expires_midway_still_ends_whole(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    fake_slack.fail_next("chat.appendStream", error="message_not_in_streaming_state", times=99)
+    gemini.script(text("Half ", "and ", "the ", "rest."))
+    ts = new_ts()
+    assert (await client.dm(team, REQUESTER, "hello", ts=ts))[0] == 200
+    # The stream's own message is rewritten with the whole reply.
+    await said(fake_slack, "Half and the rest.")
+    await settle(service)
+    assert [m["text"] for m in fake_slack.thread(DM, ts)] == ["Half and the rest."]
+
+
+async def test_a_url_in_a_streamed_reply_is_code_never_a_link(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """Streams have no unfurl switch: a URL (maybe injected, to leak data through Slack's
+    unfurler) goes out as code, even when split across pieces."""
+    gemini.script(text("See https://evil.exa", "mple/x?secret=1 and <!here> ok"))
+    assert (await client.dm(team, REQUESTER, "link?", ts=new_ts()))[0] == 200
+    reply = await said(fake_slack, "See ", prefix=True)
+    await settle(service)
+    assert reply["text"] == "See `https://evil.example/x?secret=1` and &lt;!here&gt; ok"
