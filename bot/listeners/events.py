@@ -99,9 +99,11 @@ async def run_turn(
         await deps.delivery.say(client, thread, blocks.reply_message(HELLO))
         return
     titling = None
-    if assistant:  # the first message names the thread in the assistant's history
-        titling = asyncio.create_task(title(deps, client, thread, text))
-    elif posting is None:
+    # The first message names the thread in the assistant's history (asked before the
+    # turn makes the thread known).
+    if assistant and not await deps.workflow.knows(thread):
+        titling = asyncio.create_task(title(client, thread, text))
+    elif not assistant and posting is None:
         posting = asyncio.create_task(deps.delivery.say(client, thread, blocks.thinking_message()))
     deps.delivery.warm_link(client, thread)  # the card names the thread, if there is a card
     streams = deps.delivery.streams(client, status=assistant)
@@ -119,10 +121,7 @@ async def run_turn(
         await settled(deps, client, outcome.decided)
 
 
-async def title(deps: Deps, client: AsyncWebClient, thread: Thread, text: str) -> None:
-    """An assistant thread's title, from its first message (a thread not yet known)."""
-    if await deps.workflow.knows(thread):
-        return
+async def title(client: AsyncWebClient, thread: Thread, text: str) -> None:
     try:
         await client.assistant_threads_setTitle(
             channel_id=thread.channel_id, thread_ts=thread.thread_ts, title=title_of(text)
