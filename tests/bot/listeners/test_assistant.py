@@ -53,7 +53,8 @@ async def test_a_thread_shows_thinking_is_titled_once_and_replies_without_a_plac
 ) -> None:
     thread = new_ts()
     gemini.script(text("Hello!"), text("Still here."))
-    await message(client, team, thread, "  What can\n you   do for me today, in a few words please?  ")
+    first = "  What can\n you   do for me today, in a few words please?  "
+    await message(client, team, thread, first)
     await said(fake_slack, "Hello!", PANEL)
     await settle(service)
     await message(client, team, thread, "and now?")
