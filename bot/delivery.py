@@ -53,9 +53,14 @@ class Delivery:
     def __init__(self, workflow: Workflow, *, clock: Callable[[], datetime]) -> None:
         self._workflow = workflow
         self._clock = clock
+        self._on_change: Callable[[AsyncWebClient, Approval], None] | None = None
         # A message's permalink never changes: ask Slack once per message, not per redraw.
         # Kept as tasks, so a lookup started early (see `warm_link`) is shared, not repeated.
         self._permalinks: dict[tuple[str, str], asyncio.Future[str | None]] = {}
+
+    def watch(self, on_change: Callable[[AsyncWebClient, Approval], None]) -> None:
+        """Be told of every change a card is redrawn for (the Home tabs, bot/home.py)."""
+        self._on_change = on_change
 
     async def outcome(
         self, client: AsyncWebClient, outcome: TurnOutcome, *, placeholder: str | None = None
@@ -108,6 +113,8 @@ class Delivery:
             approval = (
                 await self._workflow.approval(approval.thread.team_id, approval.id) or approval
             )
+        if self._on_change is not None:
+            self._on_change(client, approval)
         places = [
             (c.channel, c.ts)
             for c in (approval.card, approval.escalation)
@@ -284,6 +291,10 @@ class Delivery:
         return blocks.approval_card(
             approval, description=description, thread_link=thread_link, now=now, editable=editable
         )
+
+    async def link(self, client: AsyncWebClient, thread: Thread) -> str | None:
+        """The message's permalink (a thread's, or a card's), asked of Slack once."""
+        return await self._permalink(client, thread)
 
     def warm_link(self, client: AsyncWebClient, thread: Thread) -> None:
         """Start looking up the thread's link now, off the path of a card that may need it."""

@@ -8,6 +8,7 @@ from agent.workflow import Workflow
 from bot.background import Background
 from bot.clicks import ClickLimit
 from bot.delivery import Delivery
+from bot.home import HomeTabs
 from bot.people import People
 
 
@@ -20,3 +21,4 @@ class Deps:
     people: People
     background: Background
     clicks: ClickLimit
+    home: HomeTabs

@@ -32,6 +32,8 @@ from bot.background import Background
 from bot.clicks import ClickLimit
 from bot.delivery import Delivery
 from bot.deps import Deps
+from bot.home import HomeTabs
+from bot.listeners.commands import policy_summary
 from bot.people import People
 from bot.settings import ConfigError, Settings
 from storage.db import make_engine, make_session_factory
@@ -138,12 +140,23 @@ class Service:
         policy_file = read_policy_file(s.POLICY_FILE)
         background = Background(limit=s.MAX_CONCURRENT_TURNS)
         workflow = self._workflow(policy_file, background)
+        delivery = Delivery(workflow, clock=utc_now)
+        people = People(admin_users=s.ADMIN_USERS, clock=utc_now)
+        home = HomeTabs(
+            workflow=workflow,
+            people=people,
+            background=background,
+            links=delivery.link,
+            summary=policy_summary,
+        )
+        delivery.watch(home.changed)  # a card redrawn: so are the Homes showing it
         self.deps = deps = Deps(
             workflow=workflow,
-            delivery=Delivery(workflow, clock=utc_now),
-            people=People(admin_users=s.ADMIN_USERS, clock=utc_now),
+            delivery=delivery,
+            people=people,
             background=background,
             clicks=ClickLimit(clock=utc_now),
+            home=home,
         )
         assert s.SLACK_BOT_TOKEN is not None
         signing = s.SLACK_SIGNING_SECRET.get_secret_value() if s.SLACK_SIGNING_SECRET else None
@@ -239,6 +252,7 @@ class Service:
         if self._runner is not None:
             await self._runner.cleanup()
         if self.deps is not None:
+            self.deps.home.close()
             cut = await self.deps.background.drain(SHUTDOWN_GRACE)
             if cut:
                 log.warning(
