@@ -12,11 +12,11 @@ from agent.workflow import Approved, Vote
 from bot import home
 from bot.server import Service
 from tests import ledger_tools
-from tests.bot.conftest import ADMIN, APPROVERS, DM, SlackClient, settle
+from tests.bot.conftest import ADMIN, APPROVERS, DM, SlackClient, in_channel, new_ts, settle
 from tests.bot.test_e2e import BOSS, REQUESTER, ask, reply_in_thread
 from tests.conftest import poll
 from tests.fakes import slack_payloads as sp
-from tests.fakes.gemini import FakeGemini, text
+from tests.fakes.gemini import FakeGemini, function_call, text
 from tests.fakes.slack_api import FakeSlack
 
 OUTSIDER = "UOUTSIDE"
@@ -176,6 +176,35 @@ async def test_deny_from_the_home_through_its_modal(
     assert (await reply_in_thread(fake_slack, asked.thread_ts)).args["text"] == "Not sent."
     await settle(service)
     assert ledger_tools.entries() == []
+
+
+async def test_questions_are_answered_from_the_home_with_their_modal(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    fake_slack.members[APPROVERS] = [BOSS]
+    ask = {"question": "May I refund order 77 <!here>?", "who": "approvers"}
+    gemini.script(function_call("askHuman", ask, id="q1"))
+    thread = new_ts()
+    assert (await client.dm(team, REQUESTER, "refund order 77", ts=thread))[0] == 200
+    await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
+
+    mine = await open_home(client, team, REQUESTER)
+    assert "*question waiting for an answer*" in shown(mine) and buttons(mine, "answer") == []
+    boss = await open_home(client, team, BOSS)
+    assert "May I refund order 77 &lt;!here&gt;?" in shown(boss) and "<!here>" not in shown(boss)
+    assert buttons(boss, "approve") == []  # a question is answered, not approved
+    [(_, question)] = buttons(boss, "answer")
+
+    await press(client, team, BOSS, boss, "answer", question)
+    (opened,) = await fake_slack.wait_for("views.open")
+    modal = opened.args["view"]
+    assert modal["callback_id"] == "answer" and json.loads(modal["private_metadata"])["home"]
+    gemini.script(text("Refunded."))
+    typed = {"answer": {"value": {"type": "plain_text_input", "value": "Yes."}}}
+    assert await client.submit(team, BOSS, modal, typed) == (200, "")
+    assert (await reply_in_thread(fake_slack, thread)).args["text"] == "Refunded."
+    await poll(lambda: len(fake_slack.homes[REQUESTER]) > 1, "the requester's Home refreshed")
+    await settle(service)
 
 
 async def test_untrusted_text_on_the_home_is_escaped(
