@@ -615,6 +615,34 @@ class Workflow:
     async def pending(self, team_id: str) -> tuple[Approval, ...]:
         return await self._store.pending(team_id)
 
+    async def inbox(
+        self, team_id: str, person: str, facts: Facts, *, scan: int
+    ) -> tuple[Approval, ...]:
+        """The open requests `person` may decide (or answer) now, oldest first, among the
+        `scan` oldest pending ones of others: not past their deadline, not voted on by them,
+        and allowed by the trust rules with `facts` (the click checks again)."""
+        policies = {p.tool: p for p in await self._policies.all(team_id)}
+        now, mine = self._clock(), []
+        for approval in await self._store.inbox(team_id, person, limit=scan):
+            r = approval.request
+            if r.asks == "requester" or r.expires_at <= now:
+                continue
+            if any(v.by == person for v in approval.votes):
+                continue
+            policy = policies.get(r.tool) or self._policies.of(r.tool, None)
+            try:
+                await self._check_eligible(
+                    approval, None, person, facts, policy=policy.for_request(r)
+                )
+            except DecisionRefused:
+                continue
+            mine.append(approval)
+        return tuple(mine)
+
+    async def requested_by(self, team_id: str, person: str, *, limit: int) -> tuple[Approval, ...]:
+        """`person`'s requests still waiting, or decided with their turn still going."""
+        return await self._store.requested_by(team_id, person, limit=limit)
+
     async def card_posted(self, approval: Approval, *, ts: str) -> Approval | None:
         """The card is out, at `ts`; None when its outbox had already moved on."""
         try:

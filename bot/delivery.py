@@ -59,9 +59,14 @@ class Delivery:
         self._clock = clock
         self._stream_interval = stream_interval
         self._channel_names: dict[str, str] = {}
+        self._on_change: Callable[[AsyncWebClient, Approval], None] | None = None
         # A message's permalink never changes: ask Slack once per message, not per redraw.
         # Kept as tasks, so a lookup started early (see `warm_link`) is shared, not repeated.
         self._permalinks: dict[tuple[str, str], asyncio.Future[str | None]] = {}
+
+    def watch(self, on_change: Callable[[AsyncWebClient, Approval], None]) -> None:
+        """Be told of every change a card is redrawn for (the Home tabs, bot/home.py)."""
+        self._on_change = on_change
 
     async def outcome(
         self, client: AsyncWebClient, outcome: TurnOutcome, *, stream: ReplyStream | None = None
@@ -181,6 +186,8 @@ class Delivery:
             approval = (
                 await self._workflow.approval(approval.thread.team_id, approval.id) or approval
             )
+        if self._on_change is not None:
+            self._on_change(client, approval)
         places = [
             (c.channel, c.ts)
             for c in (approval.card, approval.escalation)
@@ -357,6 +364,10 @@ class Delivery:
         return blocks.approval_card(
             approval, description=description, thread_link=thread_link, now=now, editable=editable
         )
+
+    async def link(self, client: AsyncWebClient, thread: Thread) -> str | None:
+        """The message's permalink (a thread's, or a card's), asked of Slack once."""
+        return await self._permalink(client, thread)
 
     def warm_link(self, client: AsyncWebClient, thread: Thread) -> None:
         """Start looking up the thread's link now, off the path of a card that may need it."""

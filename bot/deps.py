@@ -9,6 +9,7 @@ from bot.assistant import AssistantThreads
 from bot.background import Background
 from bot.clicks import ClickLimit
 from bot.delivery import Delivery
+from bot.home import HomeTabs
 from bot.people import People
 
 
@@ -22,3 +23,4 @@ class Deps:
     background: Background
     clicks: ClickLimit
     assistant: AssistantThreads
+    home: HomeTabs

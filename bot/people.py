@@ -6,17 +6,19 @@ approver group or a channel made public loses the power within CACHE_TTL."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.policy import ApproverFacts, Policy
+from agent.workflow import Approval
 
 log = logging.getLogger(__name__)
 
 CACHE_TTL = timedelta(seconds=60)
+MEMBER_PAGES = 10  # of conversations.members (1000 each): an approver channel is smaller
 
 
 class People:
@@ -33,6 +35,7 @@ class People:
         self._admin_cache: dict[str, tuple[datetime, bool]] = {}
         self._group_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
         self._private_cache: dict[str, tuple[datetime, bool]] = {}
+        self._member_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
 
     async def is_admin(self, client: AsyncWebClient, user: str) -> bool:
         """ADMIN_USERS, or a workspace admin or owner according to users.info."""
@@ -78,6 +81,31 @@ class People:
         self._private_cache[channel] = (self._clock() + self._ttl, private)
         return private
 
+    async def channel_members(self, client: AsyncWebClient, channel: str) -> frozenset[str]:
+        """Who is in `channel` (empty when Slack cannot say: fail closed)."""
+        cached = self._member_cache.get(channel)
+        if cached and cached[0] > self._clock():
+            return cached[1]
+        members: set[str] = set()
+        cursor = None
+        try:
+            for _ in range(MEMBER_PAGES):
+                page = await client.conversations_members(
+                    channel=channel, limit=1000, cursor=cursor
+                )
+                members.update(page["members"])
+                cursor = (page.get("response_metadata") or {}).get("next_cursor")
+                if not cursor:
+                    break
+        except SlackApiError as exc:
+            log.warning(
+                "conversations.members failed for %s: %s", channel, exc.response.get("error")
+            )
+            return frozenset()
+        found = frozenset(members)
+        self._member_cache[channel] = (self._clock() + self._ttl, found)
+        return found
+
     async def approver_facts(
         self,
         client: AsyncWebClient,
@@ -87,20 +115,31 @@ class People:
         clicked_in: str | None,
         card_channel: str | None,
         escalation_channel: str | None = None,
+        home: bool = False,
     ) -> ApproverFacts:
         """Groups the policy names that `user` is in, whether they clicked on the card's own
         channel (or, once escalated, the escalation channel's card), and whether such a
-        channel, whose members decide when the policy names nobody, is public."""
+        channel, whose members decide when the policy names nobody, is public.
+
+        `home`: the click came from the Home tab, which is in no channel; there, being a
+        member of that private channel is what clicking in it proves (asked of Slack only
+        when the policy leaves the decision to the channel's members).
+        """
         named = {*policy.approver_groups, *policy.escalate_groups}
         groups = frozenset([g for g in named if user in await self.group_members(client, g)])
         in_channel = clicked_in is not None and clicked_in == card_channel
         public = False
         if not policy.names_approvers and card_channel is not None:
             public = not await self.is_private(client, card_channel)
+            if home and not public:
+                in_channel = user in await self.channel_members(client, card_channel)
         in_escalation = clicked_in is not None and clicked_in == escalation_channel
         public_escalation = False
         if escalation_channel and not (policy.escalate_users or policy.escalate_groups):
             public_escalation = not await self.is_private(client, escalation_channel)
+            if home and not public_escalation:
+                members = await self.channel_members(client, escalation_channel)
+                in_escalation = user in members
         return ApproverFacts(
             groups=groups,
             in_channel=in_channel,
@@ -108,3 +147,24 @@ class People:
             in_escalation_channel=in_escalation,
             public_escalation_channel=public_escalation,
         )
+
+    def deciding(
+        self, client: AsyncWebClient, user: str, *, clicked_in: str | None, home: bool = False
+    ) -> Callable[[Approval, Policy], Awaitable[ApproverFacts]]:
+        """What Slack knows about `user`, who clicked in `clicked_in` (or on the Home tab),
+        asked only once the workflow knows the request and its policy."""
+
+        async def facts(approval: Approval, policy: Policy) -> ApproverFacts:
+            card_channel = approval.card.channel if approval.card else None
+            escalated = approval.escalation if approval.escalated else None
+            return await self.approver_facts(
+                client,
+                user,
+                policy,
+                clicked_in=clicked_in,
+                card_channel=card_channel,
+                escalation_channel=escalated.channel if escalated else None,
+                home=home,
+            )
+
+        return facts

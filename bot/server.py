@@ -33,6 +33,8 @@ from bot.background import Background
 from bot.clicks import ClickLimit
 from bot.delivery import Delivery
 from bot.deps import Deps
+from bot.home import HomeTabs
+from bot.listeners.commands import policy_summary
 from bot.people import People
 from bot.settings import ConfigError, Settings
 from storage.db import make_engine, make_session_factory
@@ -139,12 +141,23 @@ class Service:
         policy_file = read_policy_file(s.POLICY_FILE)
         background = Background(limit=s.MAX_CONCURRENT_TURNS)
         workflow = self._workflow(policy_file, background)
+        delivery = Delivery(workflow, clock=utc_now, stream_interval=s.STREAM_INTERVAL_SECONDS)
+        people = People(admin_users=s.ADMIN_USERS, clock=utc_now)
+        home = HomeTabs(
+            workflow=workflow,
+            people=people,
+            background=background,
+            links=delivery.link,
+            summary=policy_summary,
+        )
+        delivery.watch(home.changed)  # a card redrawn: so are the Homes showing it
         self.deps = deps = Deps(
             workflow=workflow,
-            delivery=Delivery(workflow, clock=utc_now, stream_interval=s.STREAM_INTERVAL_SECONDS),
-            people=People(admin_users=s.ADMIN_USERS, clock=utc_now),
+            delivery=delivery,
+            people=people,
             background=background,
             clicks=ClickLimit(clock=utc_now),
+            home=home,
             assistant=AssistantThreads(s.ASSISTANT_PROMPTS),
         )
         assert s.SLACK_BOT_TOKEN is not None
@@ -241,6 +254,7 @@ class Service:
         if self._runner is not None:
             await self._runner.cleanup()
         if self.deps is not None:
+            self.deps.home.close()
             cut = await self.deps.background.drain(SHUTDOWN_GRACE)
             if cut:
                 log.warning(

@@ -118,6 +118,12 @@ DECIDABLE = GET.add_columns(*(_P.c[f].label(f"policy_{f}") for f in POLICY_FIELD
     _P, sa.and_(_P.c.team_id == A.c.team_id, _P.c.tool == A.c.tool)
 )
 PENDING = _LOCATED.where(_TEAM, A.c.status == ApprovalState.PENDING)
+_PERSON: sa.BindParameter[str] = sa.bindparam("person", type_=sa.String())
+# The Home tab (bot/home.py), each bounded by a LIMIT: others' open requests, found by
+# ix_approvals_status_expiry; and a requester's own whose turn goes on, by
+# ix_approvals_requester (its (team_id, requester) prefix).
+INBOX = PENDING.where(A.c.requester != _PERSON)
+_GOES_ON = (ApprovalState.PENDING, ApprovalState.APPROVED, ApprovalState.ANSWERED)
 OVERDUE = _LOCATED.where(guard(EXPIRE))
 STALE_CARDS = _LOCATED.where(guard(RETRY_CARD))
 DUE = {t: _LOCATED.where(guard(t)) for t in (REMIND, ESCALATE)}
@@ -128,6 +134,7 @@ _THREAD = sa.and_(
 )
 _OPEN = T.c.state.in_(OPEN_TURN)
 WAITING_ON = _LOCATED.where(_THREAD, _OPEN)
+REQUESTED = _LOCATED.where(_TEAM, A.c.requester == _PERSON, A.c.status.in_(_GOES_ON), _OPEN)
 KNOWN = sa.select(C.c.id).where(_THREAD)
 # A requester's earlier requests for some tools, by how they ended.
 HISTORY = (
@@ -637,6 +644,21 @@ class ApprovalStore:
     async def pending(self, team_id: str) -> tuple[Approval, ...]:
         async with autocommit(self._sessions) as db:
             return _located(await db.execute(PENDING, {"team": team_id}))
+
+    async def inbox(self, team_id: str, person: str, *, limit: int) -> tuple[Approval, ...]:
+        """Pending requests of others, oldest first, at most `limit` (with their votes)."""
+        params = {"team": team_id, "person": person}
+        async with autocommit(self._sessions) as db:
+            found = _located(await db.execute(INBOX.limit(limit), params))
+        return await self._with_votes(found)
+
+    async def requested_by(self, team_id: str, person: str, *, limit: int) -> tuple[Approval, ...]:
+        """`person`'s requests still pending, or decided and their turn not finished,
+        oldest first, at most `limit`."""
+        params = {"team": team_id, "person": person}
+        async with autocommit(self._sessions) as db:
+            found = _located(await db.execute(REQUESTED.limit(limit), params))
+        return await self._with_votes(found)
 
     async def overdue(self, *, now: datetime, team_id: str | None = None) -> tuple[Approval, ...]:
         """Pending approvals an EXPIRE may take now."""

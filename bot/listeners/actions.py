@@ -1,4 +1,9 @@
-"""The buttons of approval cards: Approve, Deny, and what an approver may look at first."""
+"""The buttons of approval cards: Approve, Deny, and what an approver may look at first.
+
+The Home tab (bot/home.py) shows the same buttons: a click there is in no channel, so the
+clicker's channel membership is asked of Slack instead, and what a card's clicker would be
+told in an ephemeral message is told at the top of their Home.
+"""
 
 from __future__ import annotations
 
@@ -53,53 +58,72 @@ def button(body: dict[str, Any]) -> object:
     return actions[0].get("value") if isinstance(actions, list) and actions else None
 
 
+def from_home(body: dict[str, Any]) -> bool:
+    """Whether the click came from the Home tab, or from a modal opened there (which says
+    so in its private_metadata, which only we write)."""
+    view = obj(body.get("view"))
+    if view.get("type") == "home":
+        return True
+    try:
+        return obj(json.loads(view.get("private_metadata") or "")).get("home") is True
+    except (TypeError, ValueError):
+        return False
+
+
 def facts_for(
-    deps: Deps, client: AsyncWebClient, user: str, channel: str | None
+    deps: Deps, client: AsyncWebClient, user: str, channel: str | None, *, home: bool = False
 ) -> Callable[[Approval, Policy], Awaitable[ApproverFacts]]:
     """What Slack knows about the clicker, asked only once the workflow knows the request."""
-
-    async def facts(approval: Approval, policy: Policy) -> ApproverFacts:
-        card_channel = approval.card.channel if approval.card else None
-        escalated = approval.escalation if approval.escalated else None
-        escalation = escalated.channel if escalated else None
-        return await deps.people.approver_facts(
-            client,
-            user,
-            policy,
-            clicked_in=channel,
-            card_channel=card_channel,
-            escalation_channel=escalation,
-        )
-
-    return facts
+    return deps.people.deciding(client, user, clicked_in=channel, home=home)
 
 
 async def refuse(
-    deps: Deps, client: AsyncWebClient, refusal: DecisionRefused, *, user: str, channel: str | None
+    deps: Deps,
+    client: AsyncWebClient,
+    refusal: DecisionRefused,
+    parsed: tuple[str, str, str | None, str],
+    *,
+    home: bool,
 ) -> None:
     """Say why, privately; redraw the card only when its state changed (someone decided,
     or it expired) since it was drawn."""
-    await tell(client, user, channel, blocks.refusal_text(refusal.reason, refusal.approval))
+    text = blocks.refusal_text(refusal.reason, refusal.approval)
+    await tell(deps, client, parsed, text, home=home)
     if refusal.reason in ("already_decided", "changed") and refusal.approval is not None:
         await deps.delivery.refresh_card(client, refusal.approval)
 
 
-async def tell(client: AsyncWebClient, user: str, channel: str | None, text: str) -> None:
-    """An ephemeral note to the clicker, where they clicked (a failure is only logged)."""
-    if channel is not None:
+async def tell(
+    deps: Deps,
+    client: AsyncWebClient,
+    parsed: tuple[str, str, str | None, str],
+    text: str,
+    *,
+    home: bool,
+) -> None:
+    """A private note to the clicker, where they clicked: ephemeral in the card's channel,
+    or at the top of their Home tab (a failure is only logged)."""
+    team, user, channel, _ = parsed
+    if home:
+        await deps.home.tell(client, team, user, text)
+    elif channel is not None:
         with contextlib.suppress(SlackApiError):
             await client.chat_postEphemeral(channel=channel, user=user, text=text)
 
 
 async def too_fast(
-    deps: Deps, client: AsyncWebClient, parsed: tuple[str, str, str | None, str]
+    deps: Deps,
+    client: AsyncWebClient,
+    parsed: tuple[str, str, str | None, str],
+    *,
+    home: bool = False,
 ) -> bool:
     """Whether the clicker is over their limit for this card (told once, then ignored)."""
-    _, user, channel, approval_id = parsed
+    _, user, _, approval_id = parsed
     verdict = deps.clicks.check(user, approval_id)
     if verdict == "warn":
         note = "You're clicking quickly — give it a few seconds, then try again."
-        await tell(client, user, channel, note)
+        await tell(deps, client, parsed, note, home=home)
     return verdict != "ok"
 
 
@@ -124,15 +148,17 @@ async def approve(
     client: AsyncWebClient,
     parsed: tuple[str, str, str | None, str],
     seen: datetime | None,
+    *,
+    home: bool,
 ) -> None:
     team, user, channel, approval_id = parsed
-    facts = facts_for(deps, client, user, channel)
+    facts = facts_for(deps, client, user, channel, home=home)
     try:
         decided = await deps.workflow.decide(
             team, approval_id, user, approve=True, facts=facts, seen=seen
         )
     except DecisionRefused as refusal:
-        await refuse(deps, client, refusal, user=user, channel=channel)
+        await refuse(deps, client, refusal, parsed, home=home)
         return
     await settled(deps, client, decided)
 
@@ -141,12 +167,12 @@ async def on_approve(
     ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
 ) -> None:
     await ack()
-    parsed = clicked(body)
-    if parsed is None or await too_fast(deps, client, parsed):
+    parsed, home = clicked(body), from_home(body)
+    if parsed is None or await too_fast(deps, client, parsed, home=home):
         return
     # In line with the turns: a click waits behind the messages that came before it.
     seen = seen_in(button(body))
-    deps.background.spawn(approve(deps, client, parsed, seen), name="approve")
+    deps.background.spawn(approve(deps, client, parsed, seen, home=home), name="approve")
 
 
 async def on_edit_approve(
@@ -155,26 +181,33 @@ async def on_edit_approve(
     """Edit & approve: the call's input in a form from the tool's schema, prefilled with what
     the card showed (bot/listeners/views.py approves with the changes)."""
     await ack()
-    parsed = clicked(body)
+    parsed, home = clicked(body), from_home(body)
     trigger = body.get("trigger_id")
-    if parsed is None or not isinstance(trigger, str) or await too_fast(deps, client, parsed):
+    if parsed is None or not isinstance(trigger, str):
+        return
+    if await too_fast(deps, client, parsed, home=home):
         return
     team, user, channel, approval_id = parsed
-    facts = facts_for(deps, client, user, channel)
+    facts = facts_for(deps, client, user, channel, home=home)
     try:
         approval = await deps.workflow.check_decider(team, approval_id, user, facts)
     except DecisionRefused as refusal:
-        await refuse(deps, client, refusal, user=user, channel=channel)
+        await refuse(deps, client, refusal, parsed, home=home)
         return
     form = deps.workflow.edit_form(approval.request.tool)
     if form is None:
-        await tell(client, user, channel, blocks.not_editable(approval))
+        await tell(deps, client, parsed, blocks.not_editable(approval), home=home)
         return
     shown = approval.edit.input if approval.edit else approval.request.input
     view = blocks.edit_modal(approval, forms.form_blocks(form, shown))
     seen = seen_in(button(body))
     view["private_metadata"] = json.dumps(
-        {"approval_id": approval_id, "channel": channel, "seen": button(body) if seen else None}
+        {
+            "approval_id": approval_id,
+            "channel": channel,
+            "seen": button(body) if seen else None,
+            "home": home,
+        }
     )
     await client.views_open(trigger_id=trigger, view=view)
 
@@ -182,19 +215,23 @@ async def on_edit_approve(
 async def on_deny(ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps) -> None:
     """Ask for a reason in a modal (bot/listeners/views.py records the denial)."""
     await ack()
-    parsed = clicked(body)
+    parsed, home = clicked(body), from_home(body)
     trigger = body.get("trigger_id")
-    if parsed is None or not isinstance(trigger, str) or await too_fast(deps, client, parsed):
+    if parsed is None or not isinstance(trigger, str):
+        return
+    if await too_fast(deps, client, parsed, home=home):
         return
     team, user, channel, approval_id = parsed
-    facts = facts_for(deps, client, user, channel)
+    facts = facts_for(deps, client, user, channel, home=home)
     try:
         approval = await deps.workflow.check_decider(team, approval_id, user, facts)
     except DecisionRefused as refusal:
-        await refuse(deps, client, refusal, user=user, channel=channel)
+        await refuse(deps, client, refusal, parsed, home=home)
         return
     view = blocks.deny_modal(approval)
-    view["private_metadata"] = json.dumps({"approval_id": approval_id, "channel": channel})
+    view["private_metadata"] = json.dumps(
+        {"approval_id": approval_id, "channel": channel, "home": home}
+    )
     await client.views_open(trigger_id=trigger, view=view)
 
 
@@ -203,14 +240,16 @@ async def on_show_request(
 ) -> None:
     """The whole input of a card that had to shorten it, in a modal."""
     await ack()
-    parsed = clicked(body)
+    parsed, home = clicked(body), from_home(body)
     trigger = body.get("trigger_id")
-    if parsed is None or not isinstance(trigger, str) or await too_fast(deps, client, parsed):
+    if parsed is None or not isinstance(trigger, str):
         return
-    team, user, channel, approval_id = parsed
+    if await too_fast(deps, client, parsed, home=home):
+        return
+    team, _, _, approval_id = parsed
     approval = await deps.workflow.approval(team, approval_id)
     if approval is None:
-        await tell(client, user, channel, blocks.refusal_text("not_found", None))
+        await tell(deps, client, parsed, blocks.refusal_text("not_found", None), home=home)
         return
     await client.views_open(trigger_id=trigger, view=blocks.full_request_modal(approval))
 
@@ -220,11 +259,13 @@ async def on_show_conversation(
 ) -> None:
     """The conversation that led to a request, in a modal, for those who may decide it."""
     await ack()
-    parsed = clicked(body)
+    parsed, home = clicked(body), from_home(body)
     trigger = body.get("trigger_id")
-    if parsed is None or not isinstance(trigger, str) or await too_fast(deps, client, parsed):
+    if parsed is None or not isinstance(trigger, str):
         return
-    view = await conversation_view(deps, client, parsed, page=0)
+    if await too_fast(deps, client, parsed, home=home):
+        return
+    view = await conversation_view(deps, client, parsed, page=0, home=home)
     if view is not None:
         await client.views_open(trigger_id=trigger, view=view)
 
@@ -241,7 +282,7 @@ async def on_conversation_page(
     approval_id, _, page = str(value).rpartition(":")
     if parsed is None or parsed[3] != approval_id or not page.isdigit():
         return
-    view = await conversation_view(deps, client, parsed, page=int(page))
+    view = await conversation_view(deps, client, parsed, page=int(page), home=from_home(body))
     if view is not None and isinstance(view_id, str):
         await client.views_update(view_id=view_id, view=view)
 
@@ -266,17 +307,21 @@ def in_modal(body: dict[str, Any]) -> tuple[str, str, str | None, str] | None:
 
 
 async def conversation_view(
-    deps: Deps, client: AsyncWebClient, parsed: tuple[str, str, str | None, str], *, page: int
+    deps: Deps,
+    client: AsyncWebClient,
+    parsed: tuple[str, str, str | None, str],
+    *,
+    page: int,
+    home: bool,
 ) -> dict[str, Any] | None:
     """The modal's page `page`, or None (and the person told why) if they may not see it."""
     team, user, channel, approval_id = parsed
-    facts = facts_for(deps, client, user, channel)
+    facts = facts_for(deps, client, user, channel, home=home)
     try:
         approval, lines = await deps.workflow.conversation(team, approval_id, user, facts)
     except DecisionRefused as refusal:
-        await tell(
-            client, user, channel, blocks.conversation_refusal(refusal.reason, refusal.approval)
-        )
+        text = blocks.conversation_refusal(refusal.reason, refusal.approval)
+        await tell(deps, client, parsed, text, home=home)
         return None
     pages = blocks.conversation_pages(lines)
     return blocks.conversation_modal(approval, pages, min(page, len(pages) - 1), channel=channel)
@@ -287,20 +332,24 @@ async def on_answer(
 ) -> None:
     """Answer a question in a modal: free text, or the form its tool gives."""
     await ack()
-    parsed = clicked(body)
+    parsed, home = clicked(body), from_home(body)
     trigger = body.get("trigger_id")
-    if parsed is None or not isinstance(trigger, str) or await too_fast(deps, client, parsed):
+    if parsed is None or not isinstance(trigger, str):
+        return
+    if await too_fast(deps, client, parsed, home=home):
         return
     team, user, channel, approval_id = parsed
-    facts = facts_for(deps, client, user, channel)
+    facts = facts_for(deps, client, user, channel, home=home)
     try:
         approval = await deps.workflow.check_answerer(team, approval_id, user, facts)
     except DecisionRefused as refusal:
-        await refuse(deps, client, refusal, user=user, channel=channel)
+        await refuse(deps, client, refusal, parsed, home=home)
         return
     form = deps.workflow.question_form(approval.request.tool)
     view = blocks.answer_modal(approval, forms.form_blocks(form) if form else None)
-    view["private_metadata"] = json.dumps({"approval_id": approval_id, "channel": channel})
+    view["private_metadata"] = json.dumps(
+        {"approval_id": approval_id, "channel": channel, "home": home}
+    )
     await client.views_open(trigger_id=trigger, view=view)
 
 

@@ -16,7 +16,7 @@ from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.policy import Policy, Rule, UnknownTool, split_principals
-from agent.workflow import CardState
+from agent.workflow import CardState, Workflow
 from bot.blocks import escape
 from bot.deps import Deps
 from bot.listeners.fields import slack_id
@@ -170,9 +170,15 @@ async def public_channel_refusal(c: Invocation, tool: str, changes: dict[str, An
 
 
 async def list_tools(c: Invocation) -> str:
-    policies = await c.deps.workflow.policies.all(c.team)
-    asks = c.deps.workflow.asks
-    return "\n".join(describe(p, asks=asks(p.tool)) for p in policies) or "No tools are loaded."
+    return await policy_summary(c.deps.workflow, c.team)
+
+
+async def policy_summary(workflow: Workflow, team: str) -> str:
+    """Every tool's policy, a line each: `/approvals list`, and admins' Home tab."""
+    policies = await workflow.policies.all(team)
+    return "\n".join(describe(p, asks=workflow.asks(p.tool)) for p in policies) or (
+        "No tools are loaded."
+    )
 
 
 async def list_pending(c: Invocation) -> str:

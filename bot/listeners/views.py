@@ -12,7 +12,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from agent.workflow import DecisionRefused, InvalidAnswer
 from bot import blocks, forms
 from bot.deps import Deps
-from bot.listeners.actions import facts_for, in_modal, seen_in, settled
+from bot.listeners.actions import facts_for, from_home, in_modal, seen_in, settled
 from bot.listeners.fields import obj
 
 MAX_REASON = 500
@@ -41,7 +41,7 @@ async def on_deny_submitted(
         await ack()
         return
     team, user, channel, approval_id, reason = parsed
-    facts = facts_for(deps, client, user, channel)
+    facts = facts_for(deps, client, user, channel, home=from_home(body))
     try:
         decided = await deps.workflow.decide(
             team, approval_id, user, approve=False, reason=reason, facts=facts
@@ -79,7 +79,7 @@ async def on_answer_submitted(
     if errors:
         await ack(response_action="errors", errors=errors)
         return
-    facts = facts_for(deps, client, user, channel)
+    facts = facts_for(deps, client, user, channel, home=from_home(body))
     try:
         decided = await deps.workflow.answer(team, approval_id, user, answer, facts=facts)
     except InvalidAnswer as invalid:
@@ -117,7 +117,7 @@ async def on_edit_submitted(
         await ack(response_action="errors", errors=errors)
         return
     meta = obj(json.loads(str(view.get("private_metadata") or "{}")))
-    facts = facts_for(deps, client, user, channel)
+    facts = facts_for(deps, client, user, channel, home=from_home(body))
     fields = forms.properties(form)
     first = next(iter(fields), "")
     try:

@@ -74,14 +74,17 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "chat_getPermalink": (),
     "views_open": (),
     "views_update": (),
+    "views_publish": (),  # the Home tab
     "users_info": ("users:read",),
     "usergroups_users_list": ("usergroups:read",),
     "conversations_info": ("channels:read", "groups:read"),  # public and private channels
+    "conversations_members": ("channels:read", "groups:read"),  # deciding from the Home tab
     "conversations_history": ("channels:history", "groups:history"),  # a card cut off
     "conversations_replies": ("im:history", "channels:history"),  # a question cut off
     "auth_test": (),  # which workspace POLICY_FILE is for
 }
-EVENT_SCOPES = {
+EVENT_SCOPES: dict[str, str | None] = {
+    "app_home_opened": None,  # needs no scope
     "app_mention": "app_mentions:read",
     "message.im": "im:history",
     "message.channels": "channels:history",
@@ -98,13 +101,14 @@ def test_manifest_asks_for_exactly_the_scopes_the_code_uses() -> None:
     assert called <= set(SCOPES), f"map these methods to scopes: {called - set(SCOPES)}"
     events = manifest["settings"]["event_subscriptions"]["bot_events"]
     needed = {scope for m in called for scope in SCOPES[m]}
-    needed |= {EVENT_SCOPES[e] for e in events} | {"commands"}
+    needed |= {s for e in events if (s := EVENT_SCOPES[e])} | {"commands"}
     assert set(manifest["oauth_config"]["scopes"]["bot"]) == needed
     assert manifest["settings"]["socket_mode_enabled"] is True
     assert manifest["settings"]["interactivity"]["is_enabled"] is True
     assert [c["command"] for c in manifest["features"]["slash_commands"]] == ["/approvals"]
     assert manifest["features"]["app_home"]["messages_tab_enabled"] is True
     assert manifest["features"]["assistant_view"]["assistant_description"]
+    assert manifest["features"]["app_home"]["home_tab_enabled"] is True
 
 
 def test_tools_that_cannot_be_loaded_are_a_configuration_error(tmp_path: Path) -> None:

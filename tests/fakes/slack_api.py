@@ -124,6 +124,7 @@ class FakeSlack:
         self.channels: dict[str, JSON] = {}
         self.members: dict[str, list[str]] = {}
         self.messages: dict[str, JSON] = {}
+        self.homes: dict[str, list[JSON]] = {}  # views.publish: each user's Home views, in order
         self._streaming: set[str] = set()
         self._faults: dict[str, deque[_Fault]] = {}
         self.delays: dict[str, float] = {}  # seconds a method takes to answer (latency)
@@ -140,6 +141,7 @@ class FakeSlack:
             "chat.getPermalink": self._permalink,
             "views.open": self._views_open,
             "views.update": self._views_update,
+            "views.publish": self._views_publish,
             "users.info": self._users_info,
             "usergroups.users.list": self._usergroup_users,
             "conversations.info": self._conversation_info,
@@ -418,6 +420,20 @@ class FakeSlack:
             return _err("not_found")
         opened: JSON = {"id": view_id, "team_id": self.team_id, "app_id": self.app_id}
         return {"ok": True, "view": {"private_metadata": "", "callback_id": "", **view, **opened}}
+
+    def _views_publish(self, args: JSON) -> JSON:
+        view, user = args.get("view"), args.get("user_id")
+        if not isinstance(view, dict) or view.get("type") != "home" or not user:
+            return _err("invalid_arguments")
+        if len(view.get("blocks") or []) > 100:
+            return _err("invalid_blocks")
+        self._views += 1
+        view_id = f"V{self._views:08d}"
+        published: JSON = {"id": view_id, "team_id": self.team_id, "app_id": self.app_id}
+        published |= {"private_metadata": "", "callback_id": "", "hash": f"{view_id}.hash"}
+        published = {**published, **view, "id": view_id, "state": {"values": {}}}
+        self.homes.setdefault(str(user), []).append(published)
+        return {"ok": True, "view": published}
 
     def _users_info(self, args: JSON) -> JSON:
         uid = args.get("user")

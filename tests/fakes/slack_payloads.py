@@ -211,6 +211,26 @@ def assistant_thread_event(
     return _event_callback(team, event, None, app_id, bot_user_id)
 
 
+def app_home_opened_event(
+    team: str,
+    user: str,
+    *,
+    tab: str = "home",
+    event_id: str | None = None,
+    app_id: str = APP_ID,
+    bot_user_id: str = BOT_USER_ID,
+) -> Payload:
+    """The person opened the app's Home (or its Messages tab: `tab`)."""
+    event = {
+        "type": "app_home_opened",
+        "user": user,
+        "channel": "D0HOME",
+        "tab": tab,
+        "event_ts": f"{time.time():.6f}",
+    }
+    return _event_callback(team, event, event_id, app_id, bot_user_id)
+
+
 def url_verification(challenge: str = "challenge-token") -> Payload:
     """Sent once when the Request URL is saved; the app must echo `challenge`."""
     return _json({"token": VERIFICATION_TOKEN, "challenge": challenge, "type": "url_verification"})
@@ -290,7 +310,8 @@ def view_block_actions(
     block_id: str = "actions",
     app_id: str = APP_ID,
 ) -> Payload:
-    """A button click inside a modal the app opened (`view` as views.open returned it)."""
+    """A button click inside a modal the app opened, or its Home tab (`view` as views.open
+    or views.publish returned it): a view container, and no channel or message."""
     button = {
         "type": "button",
         "action_id": action_id,

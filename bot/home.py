@@ -1,0 +1,288 @@
+"""The App Home tab: the approver's inbox, the person's own requests, and (for admins) the
+policy, published per person with views.publish and kept fresh as its approvals change.
+
+Its buttons are the approval card's own (the same action ids and values), so a decision
+made here goes through the very listeners, rules and writes a card's does
+(bot/listeners/actions.py). Which Home shows what is remembered per process, boundedly: a
+replica refreshes only the Homes it published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from agent.workflow import Approval, Thread, Workflow
+from bot import blocks
+from bot.background import Background
+from bot.people import People
+
+log = logging.getLogger(__name__)
+
+ITEMS = 10  # per list; the rest are counted ("and 4 more")
+INBOX_SCAN = 100  # oldest pending requests looked at for one person's inbox
+OWN_SCAN = 50  # of one person's own open requests
+DEBOUNCE = 1.5  # seconds: changes within it publish a person's Home once
+KEPT = 10_000  # people whose Home this process remembers; the least recent are forgotten
+MAX_BLOCKS = 100  # Slack's limit for a Home view
+Key = tuple[str, str]  # (team, user)
+Links = Callable[[AsyncWebClient, Thread], Awaitable[str | None]]
+
+
+def _ago(at: datetime) -> str:
+    """'5 minutes ago', in the reader's Slack (the fallback is UTC)."""
+    u = blocks._utc(at)
+    return f"<!date^{int(u.timestamp())}^{{ago}}|{u:%Y-%m-%d %H:%M} UTC>"
+
+
+def _question(a: Approval) -> str | None:
+    asked = a.request.input.get("question")
+    return blocks._fit(asked, 300)[0] if isinstance(asked, str) else None
+
+
+def inbox_item(a: Approval, *, card_link: str | None, editable: bool) -> list[blocks.Block]:
+    """One request to decide: tool, requester, key arguments, age; the card's buttons."""
+    r = a.request
+    who = f"{blocks._code(r.tool)} for {blocks.mention(r.requester)}"
+    line = f"{who}  ·  asked {_ago(r.requested_at)}"
+    if link := blocks._link(card_link, "open the card"):
+        line += f"  ·  {link}"
+    if (asked := _question(a)) is not None:
+        line += f"\n_The agent asks:_ {asked}"
+    elif summary := blocks._summary(r.input):
+        line += f"\n{summary}"
+    if a.edit is not None:
+        line += f"\n✏️ _changed by {blocks.mention(a.edit.by)}_"
+    if r.approvals_needed > 1:
+        line += f"\n{blocks.quorum_text(a)}"
+    if r.question:
+        buttons = [blocks._button("Answer", "answer", a.id, "primary")]
+    else:
+        buttons = [
+            blocks._button("Approve", "approve", blocks.as_seen(a), "primary"),
+            *([blocks._button("Edit & approve", "edit_approve", blocks.as_seen(a))] * editable),
+            blocks._button("Deny", "deny", a.id, "danger"),
+        ]
+    # Block ids are unique within a view: one per request.
+    return [
+        blocks._section(line),
+        {"type": "actions", "block_id": f"home:{a.id}", "elements": buttons},
+    ]
+
+
+def status(a: Approval, turn_waits: bool) -> str:
+    """Where one's own request is: waiting, how many approved, asked, or running."""
+    r = a.request
+    if a.decision is not None:
+        return "decided; waits for the turn's other requests" if turn_waits else "running"
+    if r.asks == "requester":
+        return "the agent asks you: waiting for your answer"
+    if r.question:
+        return "question waiting for an answer"
+    if r.approvals_needed > 1:
+        return f"{len(a.votes)} of {r.approvals_needed} approvals"
+    return "waiting for approval"
+
+
+def own_item(a: Approval, *, thread_link: str | None, turn_waits: bool) -> blocks.Block:
+    r = a.request
+    line = f"{blocks._code(r.tool)}  ·  asked {_ago(r.requested_at)}  ·  *{status(a, turn_waits)}*"
+    if link := blocks._link(thread_link, "the thread"):
+        line += f"  ·  {link}"
+    if (asked := _question(a)) is not None:
+        line += f"\n{asked}"
+    elif summary := blocks._summary(r.input):
+        line += f"\n{summary}"
+    section = blocks._section(line)
+    if r.asks == "requester" and a.decision is None:  # theirs to answer, here too
+        section["accessory"] = blocks._button("Answer", "answer", a.id, "primary")
+    return section
+
+
+def _more(shown: int, found: int, scanned: int) -> blocks.Block | None:
+    if found <= shown:
+        return None
+    plus = "+" if found >= scanned else ""
+    return blocks._context(f"…and {found - shown}{plus} more — see `/approvals pending`")
+
+
+def home_view(
+    *,
+    inbox: Sequence[Approval],
+    own: Sequence[Approval],
+    card_links: Mapping[str, str | None],
+    thread_links: Mapping[str, str | None],
+    editable: Callable[[str], bool],
+    policy: str | None,
+    notice: str | None,
+) -> dict[str, Any]:
+    """The whole Home tab of one person (at most MAX_BLOCKS blocks)."""
+    out: list[blocks.Block] = []
+    if notice:
+        out.append(blocks._section(f"⚠️ {notice}"))
+    out.append({"type": "header", "text": {"type": "plain_text", "text": "Waiting for you"}})
+    for a in inbox[:ITEMS]:
+        out += inbox_item(a, card_link=card_links.get(a.id), editable=editable(a.request.tool))
+    if not inbox:
+        out.append(blocks._context("_Nothing waits for your decision._"))
+    if more := _more(ITEMS, len(inbox), INBOX_SCAN):
+        out.append(more)
+    out += [
+        {"type": "divider"},
+        {"type": "header", "text": {"type": "plain_text", "text": "Your requests"}},
+    ]
+    waiting_turns = {a.turn_id for a in own if a.decision is None}
+    for a in own[:ITEMS]:
+        turn_waits = a.turn_id in waiting_turns
+        out.append(own_item(a, thread_link=thread_links.get(a.id), turn_waits=turn_waits))
+    if not own:
+        out.append(blocks._context("_None of your requests is open._"))
+    if more := _more(ITEMS, len(own), OWN_SCAN):
+        out.append(more)
+    if policy is not None:
+        out += [
+            {"type": "divider"},
+            {"type": "header", "text": {"type": "plain_text", "text": "Policy (admins)"}},
+        ]
+        out += [blocks._section(c) for c in blocks._chunks(policy, blocks.SECTION_MAX)]
+    if len(out) > MAX_BLOCKS:
+        out = [*out[: MAX_BLOCKS - 1], blocks._context("…the rest: `/approvals list`")]
+    return {"type": "home", "blocks": out}
+
+
+class HomeTabs:
+    """Publishes Home tabs and refreshes those that show a request when it changes.
+
+    Remembers, per process and for at most KEPT people, which requests each Home showed,
+    and a notice for the person (a refused click from the Home) until they open it again.
+    Changes within DEBOUNCE publish each affected Home once.
+    """
+
+    def __init__(
+        self,
+        *,
+        workflow: Workflow,
+        people: People,
+        background: Background,
+        links: Links,
+        summary: Callable[[Workflow, str], Awaitable[str]],
+        delay: float = DEBOUNCE,
+    ) -> None:
+        self._workflow = workflow
+        self._people = people
+        self._background = background
+        self._links = links
+        self._summary = summary
+        self._delay = delay
+        self._shown: OrderedDict[Key, frozenset[str]] = OrderedDict()
+        self._watchers: dict[str, set[Key]] = {}  # approval id -> Homes showing it
+        self._notices: dict[Key, str] = {}
+        self._due: set[Key] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._locks: dict[Key, tuple[asyncio.Lock, int]] = {}
+
+    async def publish(
+        self, client: AsyncWebClient, team: str, user: str, *, opened: bool = False
+    ) -> None:
+        """Build and publish `user`'s Home now; `opened`: they just opened it (the notice
+        of an earlier click goes)."""
+        key = (team, user)
+        if opened:
+            self._notices.pop(key, None)
+        lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:  # one at a time per person: the last built is the last shown
+                await self._publish(client, team, user)
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    async def _publish(self, client: AsyncWebClient, team: str, user: str) -> None:
+        facts = self._people.deciding(client, user, clicked_in=None, home=True)
+        inbox = await self._workflow.inbox(team, user, facts, scan=INBOX_SCAN)
+        own = await self._workflow.requested_by(team, user, limit=OWN_SCAN)
+        admin = await self._people.is_admin(client, user)
+        policy = await self._summary(self._workflow, team) if admin else None
+        cards = [
+            (a.id, Thread("", a.card.channel, a.card.ts))
+            for a in inbox[:ITEMS]
+            if a.card and a.card.ts
+        ]
+        threads = [(a.id, a.thread) for a in own[:ITEMS]]
+        found = await asyncio.gather(*(self._links(client, t) for _, t in (*cards, *threads)))
+        card_links = dict(zip([i for i, _ in cards], found[: len(cards)], strict=True))
+        thread_links = dict(zip([i for i, _ in threads], found[len(cards) :], strict=True))
+        view = home_view(
+            inbox=inbox,
+            own=own,
+            card_links=card_links,
+            thread_links=thread_links,
+            editable=lambda tool: self._workflow.edit_form(tool) is not None,
+            policy=policy,
+            notice=self._notices.get((team, user)),
+        )
+        try:
+            await client.views_publish(user_id=user, view=view)
+        except SlackApiError as exc:
+            log.warning("could not publish the Home of %s: %s", user, exc.response.get("error"))
+            return
+        self._remember((team, user), {a.id for a in (*inbox[:ITEMS], *own[:ITEMS])})
+
+    def _remember(self, key: Key, ids: set[str]) -> None:
+        self._forget(key)
+        self._shown[key] = frozenset(ids)
+        for approval_id in ids:
+            self._watchers.setdefault(approval_id, set()).add(key)
+        while len(self._shown) > KEPT:
+            oldest = next(iter(self._shown))
+            self._forget(oldest)
+            self._notices.pop(oldest, None)
+
+    def _forget(self, key: Key) -> None:
+        for approval_id in self._shown.pop(key, ()):
+            watching = self._watchers.get(approval_id)
+            if watching is not None:
+                watching.discard(key)
+                if not watching:
+                    del self._watchers[approval_id]
+
+    async def tell(self, client: AsyncWebClient, team: str, user: str, text: str) -> None:
+        """Say something to the person on their Home (where they clicked), at its top."""
+        self._notices[(team, user)] = text
+        await self.publish(client, team, user)
+
+    def changed(self, client: AsyncWebClient, approval: Approval) -> None:
+        """A request changed state: refresh, once DEBOUNCE has passed, the Homes this
+        process published that show it, and its requester's."""
+        requester = (approval.thread.team_id, approval.request.requester)
+        due = set(self._watchers.get(approval.id, ()))
+        if requester in self._shown:
+            due.add(requester)
+        if not due:
+            return
+        self._due |= due
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._delay, self._flush, client)
+
+    def _flush(self, client: AsyncWebClient) -> None:
+        self._timer = None
+        due, self._due = self._due, set()
+        for team, user in due:
+            self._background.spawn(self.publish(client, team, user), name="home")
+
+    def close(self) -> None:
+        """Stop a refresh that is waiting for its time (at shutdown)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
