@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,6 +112,20 @@ def test_manifest_asks_for_exactly_the_scopes_the_code_uses() -> None:
     assert manifest["features"]["app_home"]["messages_tab_enabled"] is True
     assert manifest["features"]["assistant_view"]["assistant_description"]
     assert manifest["features"]["app_home"]["home_tab_enabled"] is True
+
+
+def test_the_manifest_fits_slacks_manifest_schema() -> None:
+    """Imports as-is: every field is one Slack knows, within Slack's limits, and the manifest
+    offers the surfaces the bot serves (the assistant panel and the Home tab)."""
+    manifest = yaml.safe_load((ROOT / "manifest.yml").read_text())
+    schema = json.loads((ROOT / "tests" / "data" / "slack_manifest.schema.json").read_text())
+    jsonschema.validate(manifest, schema)
+    features = manifest["features"]
+    assert features["app_home"]["home_tab_enabled"] is True
+    assert "assistant:write" in manifest["oauth_config"]["scopes"]["bot"]
+    misspelt = {**manifest, "feature": features}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(misspelt, schema)
 
 
 def test_tools_that_cannot_be_loaded_are_a_configuration_error(tmp_path: Path) -> None:
