@@ -3,6 +3,7 @@
 `list_tickets` is read-only; `create_ticket` writes, and appends each call to the JSON-lines
 file TICKETS_LOG, so a test can count how often it ran. With TICKETS_READY set, the server
 exits at once while that file does not exist: a server that is down until the test says so.
+With TICKETS_PIDFILE set, it writes its process id there (a test stops it to see it go away).
 """
 
 from __future__ import annotations
@@ -50,4 +51,6 @@ def create_ticket(title: str, priority: str = "normal") -> dict[str, Any]:
 if __name__ == "__main__":
     if (ready := os.environ.get("TICKETS_READY")) and not Path(ready).exists():
         sys.exit(1)
+    if pidfile := os.environ.get("TICKETS_PIDFILE"):
+        Path(pidfile).write_text(str(os.getpid()))
     server.run()
