@@ -7,12 +7,14 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 from genkit.exp import InMemorySessionStore
 from genkit.middleware import BaseMiddleware
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
@@ -257,3 +259,46 @@ async def test_a_server_that_is_down_is_retried_and_its_tools_join_later(
         await mcp.stop()
     assert "MCP server crm: not reachable" in caplog.text
     assert "do-not-log-me" not in caplog.text
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_an_http_server_started_later_joins_and_gets_its_headers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("TICKETS_LOG", str(tmp_path / "tickets.jsonl"))
+    caplog.set_level(logging.DEBUG)
+    port = free_port()
+    app = mcp_tickets.server.streamable_http_app()
+    seen: list[bytes] = []
+
+    async def recording(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            seen.append(dict(scope["headers"]).get(b"authorization", b""))
+        await app(scope, receive, send)
+
+    url = f"http://127.0.0.1:{port}/mcp"
+    config = McpServer(url=url, headers={"Authorization": "Bearer t0ken"})
+    runtime = new_runtime()
+    mcp = McpTools({"crm": config}, runtime, backoff=Backoff(first=0.1, most=0.3))
+    await mcp.start()
+    assert not mcp.connected("crm")
+    server = uvicorn.Server(
+        uvicorn.Config(recording, host="127.0.0.1", port=port, log_level="warning")
+    )
+    serving = asyncio.create_task(server.serve())
+    try:
+        await asyncio.wait_for(mcp.wait_up("crm"), timeout=30)
+        assert runtime.notes["crm.list_tickets"] == "MCP tool of crm · read-only"
+        out = await run(runtime, "crm.list_tickets", {})
+        assert out == {"ok": True, "result": {"result": []}}
+        assert seen and set(seen) == {b"Bearer t0ken"}
+    finally:
+        await mcp.stop()
+        server.should_exit = True
+        await serving
+    assert "MCP server crm: not reachable" in caplog.text and "t0ken" not in caplog.text
