@@ -25,7 +25,7 @@ import httpx2
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent, Tool as McpTool, ToolAnnotations
-from mcp_types import CONNECTION_CLOSED
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 if TYPE_CHECKING:
@@ -309,13 +309,13 @@ class McpTools:
                 result = await client.call_tool(tool, arguments, read_timeout_seconds=CALL_TIMEOUT)
             except MCPError as exc:
                 if exc.code == CONNECTION_CLOSED:
-                    link.dropped.set()
+                    link.dropped.set()  # its task reconnects; this call is not resent
+                if exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
                     return _unknown(link.name, name)
-                log.info("MCP server %s refused a call of %s: %s", link.name, name, exc.message)
-                return {"ok": False, "error": f"{name} was refused: {exc.message[:500]}"}
-            except Exception as exc:  # a timeout, a broken transport
+                log.info("MCP server %s answered %s with an error: %s", link.name, name, exc)
+                return {"ok": False, "error": f"{name} failed: {exc.message[:500]}"}
+            except Exception as exc:  # a broken transport: the outcome is unknown
                 log.warning("MCP call of %s: no answer (%s)", name, _reason(exc))
-                link.dropped.set()
                 return _unknown(link.name, name)
             return result_output(result)
 
@@ -325,6 +325,7 @@ class McpTools:
 def _unknown(server: str, name: str) -> dict[str, Any]:
     return {
         "ok": False,
-        "error": f"the MCP server {server} went away during the call of {name}: it may or may "
-        "not have taken effect, and it was not sent again. A human must check.",
+        "error": f"the MCP server {server} went away or did not answer in time during the call "
+        f"of {name}: it may or may not have taken effect, and it was not sent again. A human "
+        "must check.",
     }

@@ -8,6 +8,7 @@ With TICKETS_PIDFILE set, it writes its process id there (a test stops it to see
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -46,6 +47,13 @@ def create_ticket(title: str, priority: str = "normal") -> dict[str, Any]:
     with _log().open("a") as f:
         f.write(json.dumps(ticket) + "\n")
     return dict(ticket, id=len(created()))
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+async def wait(seconds: float) -> str:
+    """Answer after a while (a slow server)."""
+    await asyncio.sleep(seconds)
+    return "waited"
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from genkit.middleware import BaseMiddleware
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import TypeAdapter, ValidationError
 
-from agent import policy_file
+from agent import mcp_tools, policy_file
 from agent.mcp_tools import Backoff, McpServer, McpServers, McpTools, hint, result_output
 from agent.runtime import AgentConfig, AgentRuntime, build_runtime
 from bot.server import mcp_servers
@@ -213,6 +213,17 @@ async def test_a_call_to_a_server_that_went_away_is_an_error_never_sent_twice(
     await poll(lambda: not alive(second) or _zombie(second), "the server to end", timeout=10)
 
 
+async def test_a_call_that_takes_too_long_is_an_unknown_outcome_not_a_dropped_server(
+    tickets: tuple[McpTools, AgentRuntime, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mcp, runtime, _ = tickets
+    monkeypatch.setattr(mcp_tools, "CALL_TIMEOUT", 0.5)
+    out = await run(runtime, "tickets.wait", {"seconds": 10})
+    assert out["ok"] is False and "did not answer in time" in out["error"]
+    assert mcp.connected("tickets")  # one slow call does not cut the others off
+    assert (await run(runtime, "tickets.wait", {"seconds": 0}))["result"] == {"result": "waited"}
+
+
 def _pid(pidfile: Path) -> int:
     return int(pidfile.read_text()) if pidfile.exists() else 0
 
@@ -253,7 +264,7 @@ async def test_a_server_that_is_down_is_retried_and_its_tools_join_later(
         await asyncio.to_thread(ready.touch)
         await asyncio.wait_for(mcp.wait_up("tickets"), timeout=30)
         assert {"tickets.list_tickets", "tickets.create_ticket"} <= set(runtime.known())
-        assert sorted(joined) == ["tickets.create_ticket", "tickets.list_tickets"]
+        assert sorted(joined) == ["tickets.create_ticket", "tickets.list_tickets", "tickets.wait"]
         assert not mcp.connected("crm")
     finally:
         await mcp.stop()
