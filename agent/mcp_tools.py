@@ -218,15 +218,13 @@ class McpTools:
                     async with asyncio.timeout(LIST_TIMEOUT):
                         await stack.enter_async_context(client)
                         listed = await self._list(client)
-                    added = self._register(link, listed)
                     link.client = client
                     link.dropped.clear()
-                    link.up.set()
+                    await self._added(self._register(link, listed))
+                    link.up.set()  # its tools are offered, their policy applied
                     link.tried.set()
                     delay = self._backoff.first
                     log.info("MCP server %s: connected, %d tool(s)", link.name, len(listed))
-                    if added and self.on_added is not None:
-                        await self.on_added(added)
                     await self._watch(link, client)
                     log.warning("MCP server %s: connection lost; reconnecting", link.name)
             except Exception as exc:  # any failure means: not up, try again later
@@ -268,8 +266,16 @@ class McpTools:
             except Exception as exc:
                 log.warning("MCP server %s: stopped answering (%s)", link.name, _reason(exc))
                 return
-            if (added := self._register(link, listed)) and self.on_added is not None:
-                await self.on_added(added)
+            await self._added(self._register(link, listed))
+
+    async def _added(self, tools: list[str]) -> None:
+        """Tell `on_added` of tools that joined; its failure does not cut the connection."""
+        if not tools or self.on_added is None:
+            return
+        try:
+            await self.on_added(tools)
+        except Exception:
+            log.exception("applying the policy to MCP tools %s failed", tools)
 
     def _register(self, link: _Link, listed: list[McpTool]) -> list[str]:
         """Register the tools not registered yet; returns their names."""

@@ -38,14 +38,31 @@ def ready(tmp_path: Path, ready_at_start: bool) -> Path:
 
 
 @pytest.fixture
+def in_policy_file() -> bool:
+    """Whether POLICY_FILE lists the server (else MCP_SERVERS does); parametrize to change."""
+    return False
+
+
+@pytest.fixture
 def service_overrides(
-    tmp_path: Path, ready: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    ready: Path,
+    in_policy_file: bool,
+    fake_slack: FakeSlack,
+    team: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> dict[str, Any]:
     log = tmp_path / "tickets.jsonl"
     monkeypatch.setenv("TICKETS_LOG", str(log))  # for mcp_tickets.created() in this process
     env = {"TICKETS_LOG": str(log), "TICKETS_READY": str(ready)}
-    tickets = {"command": sys.executable, "args": [SERVER], "env": env}
-    return {"MCP_SERVERS": {"tickets": tickets}}
+    servers = {"tickets": {"command": sys.executable, "args": [SERVER], "env": env}}
+    if not in_policy_file:
+        return {"MCP_SERVERS": servers}
+    path = tmp_path / "policy.yml"
+    policy = {"allow": ["tickets.list_tickets"], "mcp_servers": servers}
+    path.write_text(json.dumps(policy))  # JSON is YAML
+    fake_slack.team_id = team  # auth.test: the workspace the file's policy is written for
+    return {"POLICY_FILE": path}
 
 
 def declared(gemini: FakeGemini, request: int = -1) -> set[str]:
@@ -152,3 +169,28 @@ async def test_a_server_down_at_start_joins_when_it_comes_up(
     assert {"tickets.list_tickets", "tickets.create_ticket"} <= declared(gemini, -2)
     [listed] = gemini.function_responses()
     assert listed["name"] == "tickets.list_tickets" and listed["response"]["content"]["ok"]
+
+
+@pytest.mark.parametrize(("ready_at_start", "in_policy_file"), [(False, True)])
+async def test_the_policy_file_applies_to_a_servers_tools_as_they_join(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    ready: Path,
+) -> None:
+    assert service.mcp is not None and not service.mcp.connected("tickets")
+    await asyncio.to_thread(ready.touch)
+    await asyncio.wait_for(service.mcp.wait_up("tickets"), timeout=30)
+    assert service.deps is not None
+    policy = await service.deps.workflow.policies.get(team, "tickets.list_tickets")
+    assert policy.allowed  # the file's allow, written when the tool joined: no command
+
+    gemini.script(function_call("tickets.list_tickets", {}), text("None open."))
+    await dm(client, fake_slack, team, "any open tickets?")
+    await fake_slack.wait_for("chat.update", predicate=lambda c: text_of(c) == "None open.")
+    await settle(service)
+    assert not [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(APPROVERS)(c)]
+    trail = [(e.action, e.actor, e.tool) for e in await service.deps.workflow.audit_trail(team)]
+    assert ("policy_changed", "policy-file", "tickets.list_tickets") in trail
