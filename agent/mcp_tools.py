@@ -155,23 +155,18 @@ class McpTools:
         runtime: AgentRuntime,
         *,
         backoff: Backoff | None = None,
-        probe_interval: float = PROBE_INTERVAL,
     ) -> None:
         self._links = {name: _Link(name, config) for name, config in servers.items()}
         self._runtime = runtime
         self._backoff = backoff or Backoff()
-        self._probe_interval = probe_interval
         self._tasks: list[asyncio.Task[None]] = []
         self.on_added: Added | None = None  # told the names of tools that joined later
-
-    @property
-    def servers(self) -> list[str]:
-        return list(self._links)
 
     def connected(self, server: str) -> bool:
         return self._links[server].client is not None
 
     async def wait_up(self, server: str) -> None:
+        """Until the server is connected, its tools offered and their policy applied."""
         await self._links[server].up.wait()
 
     async def start(self, wait: float = LIST_TIMEOUT) -> None:
@@ -257,7 +252,7 @@ class McpTools:
         Tools the server added meanwhile are registered as they are seen."""
         while True:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._probe_interval):
+                async with asyncio.timeout(PROBE_INTERVAL):
                     await link.dropped.wait()
                     return
             try:
