@@ -13,7 +13,7 @@ from genkit.exp import Genkit
 from agent.approval import Outside, approval_middleware
 from agent.files import FileTools
 from agent.policy import PolicyDefaults, PolicyService
-from agent.runtime import AgentConfig, Preview, build_runtime
+from agent.runtime import AgentConfig, AgentRuntime, Preview, build_runtime
 from agent.workflow import Workflow
 from storage.approval_store import ApprovalStore
 from storage.db import SessionFactory
@@ -46,10 +46,15 @@ def build_workflow(
     `files`: the file tools to mount (agent/files.py), their reads allowed by default."""
     files = files or FileTools()
     defaults = defaults or PolicyDefaults()
-    tool_names: list[str] = []
+    runtime: AgentRuntime
+
+    def known() -> list[str]:
+        """Read at each use: MCP servers' tools join the runtime after start."""
+        return runtime.known()
+
     policies = PolicyService(
         PolicyStore(sessions),
-        tools=lambda: tool_names,
+        tools=known,
         defaults=replace(defaults, allowed=defaults.allowed | files.reads()),
         clock=clock,
     )
@@ -75,7 +80,6 @@ def build_workflow(
         mounted=files.middleware(),
         mounted_tools=files.tools(),
     )
-    tool_names.extend([*runtime.tools, *runtime.mounted])
     return Workflow(
         runtime=runtime,
         store=store,

@@ -327,12 +327,17 @@ class PolicyService:
         stored = {p.tool: p for p in await self._store.all(team_id)}
         return [_effective(t, stored.get(t), self._defaults) for t in self.known_tools()]
 
-    async def apply_file(self, team_id: str, file: PolicyFile) -> list[str]:
+    async def apply_file(
+        self, team_id: str, file: PolicyFile, only: Collection[str] | None = None
+    ) -> list[str]:
         """Make each tool POLICY_FILE names have the policy the file gives it, audited as
         the policy file's change; returns the tools it changed. Admins' later changes
-        apply until the next start."""
+        apply until the next start. `only`: just these tools (an MCP server's, as they
+        join), leaving the others as admins may have changed them since."""
         changed = []
         for tool in self.known_tools():
+            if only is not None and tool not in only:
+                continue
             wanted = from_file(tool, file)
             current = await self._store.get(team_id, tool) or StoredPolicy(tool=tool)
             changes = {k: v for k, v in wanted.items() if not _same(getattr(current, k), v)}

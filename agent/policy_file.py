@@ -19,6 +19,8 @@ import cel
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from agent.mcp_tools import McpServers
+
 DURATION = re.compile(r"^(\d{1,6})([smhd])$")
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 CHANNEL = re.compile(r"^[CG][A-Z0-9]{2,}$")
@@ -90,6 +92,7 @@ class PolicyFile(_Strict):
     defaults: Defaults = Field(default_factory=Defaults)
     allow: list[str] = Field(default_factory=list)
     tools: dict[str, ToolSpec] = Field(default_factory=dict)
+    mcp_servers: McpServers = Field(default_factory=dict)  # README, "MCP servers"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -151,10 +154,14 @@ def member_channels(policy: PolicyFile) -> dict[str, str]:
     return found
 
 
-def check_tools(path: Path, policy: PolicyFile, known: Collection[str]) -> None:
-    """Every tool the file names must be one the agent has."""
+def check_tools(
+    path: Path, policy: PolicyFile, known: Collection[str], servers: Collection[str] = ()
+) -> None:
+    """Every tool the file names must be one the agent has, or one an MCP server among
+    `servers` may offer (`<server>.<tool>`: the server may be down at start)."""
     text = path.read_text()
     root = yaml.compose(text, Loader=yaml.SafeLoader)
+    known = {*known, *(t for t in [*policy.allow, *policy.tools] if t.split(".")[0] in servers)}
     for i, tool in enumerate(policy.allow):
         if tool not in known:
             where = _line(root, ("allow", i))

@@ -50,11 +50,26 @@ class AgentRuntime:
     questions: frozenset[str] = frozenset()  # the interrupts: tools that ask a person
     # Tools a mounted middleware contributes to each call (the file tools): name, description.
     mounted: Mapping[str, str] = field(default_factory=dict)
+    # The list the agent reads its tools from at every turn (Genkit keeps the one given to
+    # define_agent): a tool added to it later is offered from the next turn on.
+    offered: list[Tool] = field(default_factory=list)
+    # A line for the approvers about where a tool comes from (an MCP server's hints).
+    notes: dict[str, str] = field(default_factory=dict)
 
     def describe(self, tool: str) -> str:
         """The tool's description, for the people deciding on its calls."""
         found = self.tools.get(tool)
         return found.description or "" if found is not None else self.mounted.get(tool, "")
+
+    def add_tool(self, tool: Tool, *, note: str) -> None:
+        """Offer a tool registered after the agent was defined (an MCP server's)."""
+        self.tools[tool.name] = tool
+        self.notes[tool.name] = note
+        self.offered.append(tool)
+
+    def known(self) -> list[str]:
+        """Every tool's name, the mounted ones' too: what policies may name."""
+        return [*self.tools, *self.mounted]
 
 
 @dataclass
@@ -161,4 +176,5 @@ def build_runtime(
         tools=tools,
         questions=frozenset(loaded.interrupts),
         mounted=dict(mounted_tools or {}),
+        offered=loaded.tools,
     )

@@ -234,9 +234,17 @@ class Workflow:
     def policies(self) -> PolicyService:
         return self._policies
 
+    @property
+    def runtime(self) -> AgentRuntime:
+        return self._runtime
+
     def describe(self, tool: str) -> str:
         """The tool's description, for the people deciding on its calls."""
         return self._runtime.describe(tool)
+
+    def note(self, tool: str) -> str:
+        """Where the tool comes from and what its server says it does (MCP tools), or ""."""
+        return self._runtime.notes.get(tool, "")
 
     # -- turns -------------------------------------------------------------------------
 

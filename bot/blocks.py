@@ -404,11 +404,13 @@ def approval_card(
     thread_link: str | None,
     now: datetime,
     editable: bool = True,
+    note: str = "",
 ) -> Message:
     """The approvers' card: what, who, why, until when; buttons only while still pending.
 
     `description`: the tool's own, so the approver knows what the call does; `editable`:
-    its input has a schema to edit it by (Edit & approve).
+    its input has a schema to edit it by (Edit & approve); `note`: where the tool comes from
+    (an MCP server's, with the server's read-only / destructive hint).
     """
     r = a.request
     pending = a.decision is None
@@ -423,6 +425,8 @@ def approval_card(
         {"type": "header", "text": {"type": "plain_text", "text": header}},
         _section(who + (f"\n{_fit(description, 2000)[0]}" if description else "")),
     ]
+    if note:
+        blocks.append(_context(escape(note)))
     blocks += request_sections(r)
     fields, shortened = _input_fields(r.input, r.context.sources)
     blocks.append({"type": "section", "fields": fields} if fields else _section("_No input._"))

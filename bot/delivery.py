@@ -362,7 +362,12 @@ class Delivery:
             )
         editable = self._workflow.edit_form(r.tool) is not None
         return blocks.approval_card(
-            approval, description=description, thread_link=thread_link, now=now, editable=editable
+            approval,
+            description=description,
+            thread_link=thread_link,
+            now=now,
+            editable=editable,
+            note=self._workflow.note(r.tool),
         )
 
     async def link(self, client: AsyncWebClient, thread: Thread) -> str | None:

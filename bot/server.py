@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import signal
@@ -23,6 +24,7 @@ from sqlalchemy import text
 from agent import policy_file as policy_files
 from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.files import FileTools
+from agent.mcp_tools import McpServers, McpTools
 from agent.policy import PolicyDefaults
 from agent.policy_file import PolicyFile
 from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig, ToolModuleError
@@ -103,6 +105,20 @@ async def approver_channel_problems(
     return []
 
 
+def mcp_servers(settings: Settings, policy_file: PolicyFile | None) -> McpServers:
+    """The MCP servers: from MCP_SERVERS or from POLICY_FILE's `mcp_servers`, never both
+    (two lists would leave it unclear which one an operator edits)."""
+    in_file = policy_file.mcp_servers if policy_file is not None else {}
+    if settings.MCP_SERVERS and in_file:
+        raise ConfigError(
+            [
+                "MCP_SERVERS and POLICY_FILE's mcp_servers are both set: list the MCP "
+                "servers in one of them"
+            ]
+        )
+    return dict(settings.MCP_SERVERS or in_file)
+
+
 def read_policy_file(path: Path | None) -> PolicyFile | None:
     """POLICY_FILE, checked; a ConfigError naming the line of anything wrong with it."""
     if path is None:
@@ -131,6 +147,8 @@ class Service:
         self._socket: AsyncSocketModeHandler | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._follower: asyncio.Task[None] | None = None
+        self.mcp: McpTools | None = None
+        self._team: str | None = None  # the workspace this token serves, once known
         self.deps: Deps | None = None
         self.app: AsyncApp | None = None
 
@@ -139,8 +157,9 @@ class Service:
         if s.MIGRATE_ON_START:
             await upgrade(self._engine)
         policy_file = read_policy_file(s.POLICY_FILE)
+        servers = mcp_servers(s, policy_file)
         background = Background(limit=s.MAX_CONCURRENT_TURNS)
-        workflow = self._workflow(policy_file, background)
+        workflow = self._workflow(policy_file, background, servers)
         delivery = Delivery(workflow, clock=utc_now, stream_interval=s.STREAM_INTERVAL_SECONDS)
         people = People(admin_users=s.ADMIN_USERS, clock=utc_now)
         home = HomeTabs(
@@ -168,6 +187,9 @@ class Service:
             signing_secret=None if s.socket_mode else signing,
             api_url=s.SLACK_API_URL,
         )
+        self.mcp = McpTools(servers, workflow.runtime)
+        self.mcp.on_added = functools.partial(self._mcp_tools_added, workflow, policy_file)
+        await self.mcp.start()
         await self._prepare_policy(app.client, workflow, policy_file)
         # Socket Mode gets no Slack route: unsigned HTTP requests must never reach Bolt.
         web_app = web.Application() if s.socket_mode else app.web_app(path=SLACK_PATH)
@@ -186,7 +208,9 @@ class Service:
         self._follower = asyncio.create_task(self._follow_up_forever(), name="follow-ups")
         log.info("Greenlight is up (%s)", "Socket Mode" if s.socket_mode else f"HTTP :{self.port}")
 
-    def _workflow(self, policy_file: PolicyFile | None, background: Background) -> Workflow:
+    def _workflow(
+        self, policy_file: PolicyFile | None, background: Background, servers: McpServers
+    ) -> Workflow:
         """The agent and its workflow, under the configured policy defaults."""
         s = self.settings
         config = AgentConfig(
@@ -216,7 +240,7 @@ class Service:
             )
             if policy_file is not None and s.POLICY_FILE is not None:
                 known = workflow.policies.known_tools()
-                policy_files.check_tools(s.POLICY_FILE, policy_file, known)
+                policy_files.check_tools(s.POLICY_FILE, policy_file, known, servers)
         except ToolModuleError as exc:  # AGENT_TOOLS names something that cannot be loaded
             raise ConfigError([str(exc)]) from None
         except policy_files.PolicyFileError as exc:
@@ -238,9 +262,19 @@ class Service:
         if problems:
             raise ConfigError(problems)
         if policy_file is not None:
-            team = str((await client.auth_test())["team_id"])
+            self._team = team = str((await client.auth_test())["team_id"])
             changed = await workflow.policies.apply_file(team, policy_file)
             log.info("POLICY_FILE set the policy of %d tool(s): %s", len(changed), changed)
+
+    async def _mcp_tools_added(
+        self, workflow: Workflow, policy_file: PolicyFile | None, tools: list[str]
+    ) -> None:
+        """An MCP server's tools joined after start: POLICY_FILE applies to them too. (Before
+        the workspace is known, the start's own pass over every tool covers them.)"""
+        if policy_file is None or self._team is None:
+            return
+        changed = await workflow.policies.apply_file(self._team, policy_file, only=tools)
+        log.info("POLICY_FILE set the policy of MCP tool(s) as they joined: %s", changed)
 
     async def stop(self) -> None:
         """Stop taking work, let in-flight turns finish, close connections."""
@@ -262,6 +296,8 @@ class Service:
                     "a message cut off before its answer gets none",
                     cut,
                 )
+        if self.mcp is not None:
+            await self.mcp.stop()  # after the turns: they may call MCP tools
         if self.app is not None and self.app.client.session is not None:
             await self.app.client.session.close()  # after the turns: they post to Slack
         await self._engine.dispose()

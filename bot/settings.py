@@ -14,6 +14,7 @@ from typing import Annotated
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from agent.mcp_tools import McpServers, parse_servers
 from bot.assistant import Prompt
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./greenlight.db"
@@ -56,6 +57,8 @@ class Settings(BaseSettings):
     AGENT_ASK_HUMAN: bool = True  # the built-in askHuman: the agent may ask a person
     AGENT_FILES_ROOT: Path | None = None  # file tools (genkit-middleware Filesystem) under it
     AGENT_ARTIFACTS: bool = False  # artifact tools (genkit-middleware Artifacts)
+    # MCP servers whose tools the agent gets (agent/mcp_tools.py): JSON, name -> config.
+    MCP_SERVERS: Annotated[McpServers, NoDecode] = Field(default_factory=dict)
 
     APPROVER_CHANNEL: str | None = None
     POLICY_FILE: Path | None = None
@@ -73,6 +76,7 @@ class Settings(BaseSettings):
     ASSISTANT_PROMPTS: list[Prompt] = Field(default_factory=lambda: list(DEFAULT_PROMPTS))
 
     _split_tools = field_validator("AGENT_TOOLS", "ADMIN_USERS", mode="before")(_split_csv)
+    _mcp_json = field_validator("MCP_SERVERS", mode="before")(parse_servers)
 
     @field_validator("SLACK_API_URL", "GEMINI_API_URL")
     @classmethod
