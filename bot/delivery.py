@@ -70,7 +70,7 @@ class Delivery:
         elif isinstance(outcome, AnsweredInThread):
             message = blocks.answer_taken()
         else:
-            message = blocks.failure_message(retrying=outcome.retrying)
+            message = blocks.failure_message(outcome.retrying, outcome.model_unavailable)
         await self.say(client, outcome.thread, message, replace=placeholder)
 
     async def resumed(self, client: AsyncWebClient, resumed: Resumed) -> None:

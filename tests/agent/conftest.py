@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agent.assemble import build_workflow, new_uuid
+from agent.models import Credentials, Resilience
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
 from agent.workflow import Thread, Workflow
@@ -51,15 +52,21 @@ class Harness:
         return ledger_tools.entries()
 
 
-def gemini_workflow(sessions: SessionFactory, gemini: FakeGemini, timeout: float = 300) -> Workflow:
-    """A workflow on the real Gemini plugin, talking to the fake Gemini server."""
+def gemini_workflow(
+    sessions: SessionFactory,
+    gemini: FakeGemini,
+    timeout: float = 300,
+    resilience: Resilience = Resilience(retries=0),
+) -> Workflow:
+    """A workflow on the real Gemini plugin, talking to the fake Gemini server; a model
+    error fails the turn unless `resilience` retries it or falls back."""
     return build_workflow(
         sessions,
         AgentConfig(
             model="googleai/gemini-flash-latest",
-            gemini_api_key="k",
-            gemini_api_url=gemini.base_url,
+            credentials=Credentials(gemini_api_key="k", gemini_api_url=gemini.base_url),
             tool_modules=("tests.ledger_tools",),
+            resilience=resilience,
         ),
         defaults=PolicyDefaults(channel="C0APPROVE"),
         turn_timeout=timedelta(seconds=timeout),
