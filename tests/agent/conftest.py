@@ -21,6 +21,8 @@ from tests.fakes.gemini import FakeGemini
 from tests.fakes.scripted_model import ScriptedModel
 
 IN_CHANNEL = ApproverFacts(in_channel=True)
+NO_RETRY = Resilience(retries=0)  # a model error fails the turn
+NO_BACKOFF = Resilience(delay_seconds=0)  # retried as in production, at once
 
 
 @dataclass
@@ -56,7 +58,7 @@ def gemini_workflow(
     sessions: SessionFactory,
     gemini: FakeGemini,
     timeout: float = 300,
-    resilience: Resilience = Resilience(retries=0),
+    resilience: Resilience = NO_RETRY,
 ) -> Workflow:
     """A workflow on the real Gemini plugin, talking to the fake Gemini server; a model
     error fails the turn unless `resilience` retries it or falls back."""
@@ -73,14 +75,17 @@ def gemini_workflow(
     )
 
 
-def harness(sessions: SessionFactory, team: str) -> Harness:
+def harness(sessions: SessionFactory, team: str, resilience: Resilience = NO_BACKOFF) -> Harness:
+    """Model calls are retried as in production, without the backoff's wait."""
     model = ScriptedModel()
     clock = Clock()
 
     def make() -> Workflow:
         return build_workflow(
             sessions,
-            AgentConfig(model="scripted", tool_modules=("tests.ledger_tools",)),
+            AgentConfig(
+                model="scripted", tool_modules=("tests.ledger_tools",), resilience=resilience
+            ),
             defaults=PolicyDefaults(channel="C0APPROVE"),
             clock=clock,
             new_id=new_uuid,
