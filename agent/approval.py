@@ -49,6 +49,15 @@ UNKNOWN_OUTCOME = {
 }
 
 
+@dataclass
+class ModelCalls:
+    """Whether the turn's last model call went unanswered: it failed (after Retry and
+    Fallback) or was still out when the turn's time ran out. A turn that fails then failed
+    on the model (an outage), not on a tool or on us."""
+
+    unanswered: bool = False
+
+
 @dataclass(frozen=True)
 class TurnScope:
     team_id: str
@@ -62,6 +71,7 @@ class TurnScope:
     calls: dict[str, Called] = field(default_factory=dict)
     # The conversation as the model last saw it, its answer included.
     conversation: list[Message] = field(default_factory=list)
+    model: ModelCalls = field(default_factory=ModelCalls)
 
 
 @dataclass(frozen=True)
@@ -183,10 +193,13 @@ def approval_middleware(
                 [ModelHookParams, GenerateMiddlewareContext], Awaitable[ModelResponse]
             ],
         ) -> ModelResponse:
+            calls = scope.model if (scope := current_scope.get()) is not None else ModelCalls()
+            calls.unanswered = True  # until it answers: a timeout may cancel it any moment
             async with outside():
                 response = await next_fn(params, ctx)
+            calls.unanswered = False
             stamp_refs(response, new_id)
-            if (scope := current_scope.get()) is not None and response.message is not None:
+            if scope is not None and response.message is not None:
                 scope.conversation[:] = [*params.request.messages, response.message]
             return response
 

@@ -12,6 +12,7 @@ from genkit import Tool
 from genkit.exp import Agent, Genkit, SessionStore
 from genkit.middleware import BaseMiddleware
 
+from agent.models import Credentials, Resilience, plugins
 from agent.questions import ASK_HUMAN, ASK_HUMAN_PROMPT, define_ask_human
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -31,9 +32,11 @@ class AgentConfig:
     model: str = "googleai/gemini-flash-latest"
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     tool_modules: tuple[str, ...] = ("agent.example_tools",)
-    gemini_api_key: str | None = None
-    gemini_api_url: str | None = None
     ask_human: bool = True  # AGENT_ASK_HUMAN: the agent may ask a person (agent/questions.py)
+    # The providers' keys and addresses (agent/models.py).
+    credentials: Credentials = field(default_factory=Credentials)
+    # Retry and Fallback around each model call (agent/models.py).
+    resilience: Resilience = field(default_factory=Resilience)
 
 
 # A tool's preview: from the call's input, a short text for the approver ("Balance after
@@ -140,13 +143,10 @@ def build_runtime(
     are loaded) are filled with the tools' previews and the names of the tools that ask a
     person (agent/questions.py). `setup` may register extra models (tests, the demo).
     `mounted`: middleware that contribute tools (`mounted_tools`), inside the approval
-    middleware so that their tools pass its gate."""
-    plugins: list[Any] = []
-    if config.model.startswith("googleai/"):
-        from agent.gemini import gemini_plugin
-
-        plugins.append(gemini_plugin(config.gemini_api_key, config.gemini_api_url))
-    ai = Genkit(plugins=plugins)
+    middleware so that their tools pass its gate. Retry and Fallback sit inside the approval
+    middleware too: its model hook (refs stamped, the wait given up) sees the answer that
+    finally came, from whichever model."""
+    ai = Genkit(plugins=plugins([config.model, *config.resilience.fallbacks], config.credentials))
     if setup is not None:
         setup(ai)
     loaded = load_tools(ai, config.tool_modules)
@@ -162,7 +162,7 @@ def build_runtime(
         model=config.model,
         system=system,
         tools=loaded.tools,
-        use=[middleware(), *mounted],
+        use=[middleware(), *config.resilience.middleware(), *mounted],
         store=store,
     )
     if clash := sorted(set(tools := {t.name: t for t in loaded.tools}) & set(mounted_tools or {})):

@@ -124,6 +124,7 @@ class Busy:
 class Failed:
     thread: Thread
     retrying: bool = False
+    model_unavailable: bool = False  # the model failed or never answered, not a tool or us
 
 
 @dataclass(frozen=True)
@@ -294,7 +295,7 @@ class Workflow:
         except Exception:
             log.exception("turn failed in conversation %s", held.conversation_id)
             await self._store.release_thread(held.conversation_id, snapshot_id=None)
-            return Failed(thread)
+            return Failed(thread, model_unavailable=scope.model.unanswered)
         if out.finish_reason == AgentFinishReason.INTERRUPTED:
             turn, approvals = await self._paused(held.conversation_id, thread, scope, out)
             await self._store.pause(turn, approvals)
@@ -330,7 +331,7 @@ class Workflow:
             )
         except Exception:
             log.exception("resume of turn %s failed (attempt %d)", turn_id, claim.attempt)
-            return await self._resume_failed(claim)
+            return await self._resume_failed(claim, model_unavailable=scope.model.unanswered)
         finally:
             heartbeat.cancel()
         try:
@@ -789,7 +790,7 @@ class Workflow:
             )
         return await self._store.turn_approvals(claim.turn_id) if edited else claim.approvals
 
-    async def _resume_failed(self, claim: Claim) -> Resumed | None:
+    async def _resume_failed(self, claim: Claim, *, model_unavailable: bool) -> Resumed | None:
         """Leave the turn for the sweep to retry, or give up after a few attempts."""
         now = self._clock()
         retrying = claim.attempt < MAX_RESUME_ATTEMPTS
@@ -803,7 +804,7 @@ class Workflow:
         except IllegalTransition:
             log.error("turn %s lost its lease while failing; another resume has it", claim.turn_id)
             return None
-        return Resumed(Failed(claim.thread, retrying=retrying), settled)
+        return Resumed(Failed(claim.thread, retrying, model_unavailable), settled)
 
     async def _keep_lease(self, claim: Claim) -> None:
         """Renew the lease while the resume runs; stop once another process has the turn."""

@@ -697,8 +697,14 @@ def busy_message(outcome: Busy) -> Message:
     return {"text": "I'm still working on your previous message."}
 
 
-def failure_message(retrying: bool) -> Message:
-    """Deliberately vague: exception text can leak internals and means nothing to the reader."""
+MODEL_UNAVAILABLE = "The model is unavailable right now. Try again in a few minutes."
+
+
+def failure_message(retrying: bool, model_unavailable: bool = False) -> Message:
+    """Deliberately vague: exception text can leak internals and means nothing to the reader.
+    An outage of the model is the exception: the reader can do something (wait)."""
+    if model_unavailable and not retrying:
+        return {"text": MODEL_UNAVAILABLE}
     then = "I'll retry automatically." if retrying else "Please try again in a moment."
     return {"text": f"Sorry — something went wrong on my side, so I couldn't finish that. {then}"}
 

@@ -88,7 +88,7 @@ class Delivery:
         elif isinstance(outcome, AnsweredInThread):
             message = blocks.answer_taken()
         else:
-            message = blocks.failure_message(retrying=outcome.retrying)
+            message = blocks.failure_message(outcome.retrying, outcome.model_unavailable)
         await self.say(client, outcome.thread, message, replace=placeholder)
         # An assistant thread's status line says what the turn waits for; set after the
         # note, since a post clears it.

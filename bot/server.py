@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+from pydantic import SecretStr
 from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
@@ -25,6 +26,7 @@ from agent import policy_file as policy_files
 from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.files import FileTools
 from agent.mcp_tools import McpServers, McpTools
+from agent.models import Credentials, ModelPluginError, Resilience
 from agent.policy import PolicyDefaults
 from agent.policy_file import PolicyFile
 from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig, ToolModuleError
@@ -117,6 +119,10 @@ def mcp_servers(settings: Settings, policy_file: PolicyFile | None) -> McpServer
             ]
         )
     return dict(settings.MCP_SERVERS or in_file)
+
+
+def _secret(value: SecretStr | None) -> str | None:
+    return value.get_secret_value() if value is not None else None
 
 
 def read_policy_file(path: Path | None) -> PolicyFile | None:
@@ -217,9 +223,20 @@ class Service:
             model=s.AGENT_MODEL,
             system_prompt=s.AGENT_SYSTEM_PROMPT or DEFAULT_SYSTEM_PROMPT,
             tool_modules=tuple(s.AGENT_TOOLS),
-            gemini_api_key=s.GEMINI_API_KEY.get_secret_value() if s.GEMINI_API_KEY else None,
-            gemini_api_url=s.GEMINI_API_URL,
             ask_human=s.AGENT_ASK_HUMAN,
+            credentials=Credentials(
+                gemini_api_key=_secret(s.GEMINI_API_KEY),
+                gemini_api_url=s.GEMINI_API_URL,
+                anthropic_api_key=_secret(s.ANTHROPIC_API_KEY),
+                openai_api_key=_secret(s.OPENAI_API_KEY),
+                openai_base_url=s.OPENAI_BASE_URL,
+                ollama_server_address=s.OLLAMA_SERVER_ADDRESS,
+            ),
+            resilience=Resilience(
+                retries=s.AGENT_MODEL_RETRIES,
+                delay_seconds=s.AGENT_MODEL_RETRY_DELAY_SECONDS,
+                fallbacks=tuple(s.AGENT_FALLBACK_MODELS),
+            ),
         )
         file_defaults = policy_file.defaults if policy_file else policy_files.Defaults()
         defaults = PolicyDefaults(
@@ -241,7 +258,8 @@ class Service:
             if policy_file is not None and s.POLICY_FILE is not None:
                 known = workflow.policies.known_tools()
                 policy_files.check_tools(s.POLICY_FILE, policy_file, known, servers)
-        except ToolModuleError as exc:  # AGENT_TOOLS names something that cannot be loaded
+        # AGENT_TOOLS names something that cannot be loaded, or a model's plugin is missing.
+        except (ToolModuleError, ModelPluginError) as exc:
             raise ConfigError([str(exc)]) from None
         except policy_files.PolicyFileError as exc:
             raise ConfigError([f"POLICY_FILE {exc}"]) from None

@@ -15,6 +15,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from agent.mcp_tools import McpServers, parse_servers
+from agent.models import missing_plugins, provider, unknown_model
 from bot.assistant import Prompt
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./greenlight.db"
@@ -52,6 +53,14 @@ class Settings(BaseSettings):
     GEMINI_API_KEY: SecretStr | None = None
     GEMINI_API_URL: str | None = None
     AGENT_MODEL: str = DEFAULT_MODEL
+    # Tried in order once AGENT_MODEL's retries are spent (genkit-middleware Fallback).
+    AGENT_FALLBACK_MODELS: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    AGENT_MODEL_RETRIES: int = Field(default=3, ge=0, le=10)
+    AGENT_MODEL_RETRY_DELAY_SECONDS: float = Field(default=1.0, ge=0, le=60)
+    ANTHROPIC_API_KEY: SecretStr | None = None
+    OPENAI_API_KEY: SecretStr | None = None
+    OPENAI_BASE_URL: str | None = None  # any OpenAI-compatible server
+    OLLAMA_SERVER_ADDRESS: str | None = None  # the plugin's default: http://127.0.0.1:11434
     AGENT_SYSTEM_PROMPT: str | None = None
     AGENT_TOOLS: Annotated[list[str], NoDecode] = Field(default_factory=lambda: [DEFAULT_TOOLS])
     AGENT_ASK_HUMAN: bool = True  # the built-in askHuman: the agent may ask a person
@@ -75,14 +84,30 @@ class Settings(BaseSettings):
     STREAM_INTERVAL_SECONDS: float = Field(default=1.0, ge=0, le=10)
     ASSISTANT_PROMPTS: list[Prompt] = Field(default_factory=lambda: list(DEFAULT_PROMPTS))
 
-    _split_tools = field_validator("AGENT_TOOLS", "ADMIN_USERS", mode="before")(_split_csv)
+    _split_tools = field_validator(
+        "AGENT_TOOLS", "ADMIN_USERS", "AGENT_FALLBACK_MODELS", mode="before"
+    )(_split_csv)
     _mcp_json = field_validator("MCP_SERVERS", mode="before")(parse_servers)
 
-    @field_validator("SLACK_API_URL", "GEMINI_API_URL")
+    @field_validator("SLACK_API_URL", "GEMINI_API_URL", "OPENAI_BASE_URL", "OLLAMA_SERVER_ADDRESS")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
+        return value
+
+    @field_validator("AGENT_MODEL")
+    @classmethod
+    def _model_id(cls, value: str) -> str:
+        if problem := unknown_model(value):
+            raise ValueError(problem)
+        return value
+
+    @field_validator("AGENT_FALLBACK_MODELS")
+    @classmethod
+    def _model_ids(cls, value: list[str]) -> list[str]:
+        if problems := [p for m in value if (p := unknown_model(m))]:
+            raise ValueError("; ".join(problems))
         return value
 
     @field_validator("DATABASE_URL")
@@ -152,6 +177,29 @@ class Settings(BaseSettings):
     def socket_mode(self) -> bool:
         return self.SLACK_APP_TOKEN is not None
 
+    def _model_problems(self) -> list[str]:
+        """A plugin not installed, or a key not set, for any model the agent may call."""
+        models = [self.AGENT_MODEL, *self.AGENT_FALLBACK_MODELS]
+        problems = missing_plugins(models)
+        keys = {
+            "googleai": (
+                "GEMINI_API_KEY",
+                "create a key at https://aistudio.google.com/app/apikey",
+            ),
+            "anthropic": ("ANTHROPIC_API_KEY", "create a key at https://console.anthropic.com"),
+            "openai": (
+                "OPENAI_API_KEY",
+                "create a key at https://platform.openai.com/api-keys (any value for an "
+                "OpenAI-compatible server at OPENAI_BASE_URL that needs none)",
+            ),
+        }
+        unset: dict[str, tuple[str, str]] = {}  # each key once, for the first model needing it
+        for model in models:
+            if (key := keys.get(provider(model))) and getattr(self, key[0]) is None:
+                unset.setdefault(key[0], (model, key[1]))
+        problems += [f"{k} is not set (needed for {m}): {how}" for k, (m, how) in unset.items()]
+        return problems
+
     def serving_problems(self) -> list[str]:
         """What is missing to serve Slack traffic, each with how to fix it."""
         problems = []
@@ -160,11 +208,7 @@ class Settings(BaseSettings):
                 "SLACK_BOT_TOKEN is not set: copy the Bot User OAuth Token (xoxb-...) "
                 "from your Slack app's OAuth & Permissions page"
             )
-        if self.AGENT_MODEL.startswith("googleai/") and self.GEMINI_API_KEY is None:
-            problems.append(
-                f"GEMINI_API_KEY is not set (needed for AGENT_MODEL {self.AGENT_MODEL}): "
-                "create a key at https://aistudio.google.com/app/apikey"
-            )
+        problems += self._model_problems()
         if self.APPROVER_CHANNEL is None:
             problems.append(
                 "APPROVER_CHANNEL is not set: every tool needs approval until an admin allows "
@@ -215,7 +259,14 @@ def load_settings(*, serving: bool) -> Settings:
                 SLACK_APP_TOKEN=given("SLACK_APP_TOKEN"),
                 APPROVER_CHANNEL=os.environ.get("APPROVER_CHANNEL") or None,
                 GEMINI_API_KEY=given("GEMINI_API_KEY"),
+                ANTHROPIC_API_KEY=given("ANTHROPIC_API_KEY"),
+                OPENAI_API_KEY=given("OPENAI_API_KEY"),
                 AGENT_MODEL=os.environ.get("AGENT_MODEL") or DEFAULT_MODEL,
+                AGENT_FALLBACK_MODELS=[
+                    m.strip()
+                    for m in os.environ.get("AGENT_FALLBACK_MODELS", "").split(",")
+                    if m.strip()
+                ],
             )
             problems += probe.serving_problems()
         raise ConfigError(problems) from None

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agent.assemble import build_workflow, new_uuid
+from agent.models import Credentials, Resilience
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
 from agent.workflow import Thread, Workflow
@@ -20,6 +21,8 @@ from tests.fakes.gemini import FakeGemini
 from tests.fakes.scripted_model import ScriptedModel
 
 IN_CHANNEL = ApproverFacts(in_channel=True)
+NO_RETRY = Resilience(retries=0)  # a model error fails the turn
+NO_BACKOFF = Resilience(delay_seconds=0)  # retried as in production, at once
 
 
 @dataclass
@@ -51,29 +54,38 @@ class Harness:
         return ledger_tools.entries()
 
 
-def gemini_workflow(sessions: SessionFactory, gemini: FakeGemini, timeout: float = 300) -> Workflow:
-    """A workflow on the real Gemini plugin, talking to the fake Gemini server."""
+def gemini_workflow(
+    sessions: SessionFactory,
+    gemini: FakeGemini,
+    timeout: float = 300,
+    resilience: Resilience = NO_RETRY,
+) -> Workflow:
+    """A workflow on the real Gemini plugin, talking to the fake Gemini server; a model
+    error fails the turn unless `resilience` retries it or falls back."""
     return build_workflow(
         sessions,
         AgentConfig(
             model="googleai/gemini-flash-latest",
-            gemini_api_key="k",
-            gemini_api_url=gemini.base_url,
+            credentials=Credentials(gemini_api_key="k", gemini_api_url=gemini.base_url),
             tool_modules=("tests.ledger_tools",),
+            resilience=resilience,
         ),
         defaults=PolicyDefaults(channel="C0APPROVE"),
         turn_timeout=timedelta(seconds=timeout),
     )
 
 
-def harness(sessions: SessionFactory, team: str) -> Harness:
+def harness(sessions: SessionFactory, team: str, resilience: Resilience = NO_BACKOFF) -> Harness:
+    """Model calls are retried as in production, without the backoff's wait."""
     model = ScriptedModel()
     clock = Clock()
 
     def make() -> Workflow:
         return build_workflow(
             sessions,
-            AgentConfig(model="scripted", tool_modules=("tests.ledger_tools",)),
+            AgentConfig(
+                model="scripted", tool_modules=("tests.ledger_tools",), resilience=resilience
+            ),
             defaults=PolicyDefaults(channel="C0APPROVE"),
             clock=clock,
             new_id=new_uuid,

@@ -119,7 +119,8 @@ async def test_gemini_error_is_reported_and_the_session_stays_usable(
         thread = Thread(team, "D0FAULT", "2.0")
         gemini.script(text("hi there"), error(503, "overloaded"), text("back again"))
         assert await workflow.start_turn(thread, "U_EMP", "hi") == Reply(thread, "hi there")
-        assert await workflow.start_turn(thread, "U_EMP", "still there?") == Failed(thread)
+        failed = await workflow.start_turn(thread, "U_EMP", "still there?")
+        assert failed == Failed(thread, model_unavailable=True)
         assert await workflow.start_turn(thread, "U_EMP", "now?") == Reply(thread, "back again")
         # The failed turn left no trace in what the model sees next.
         last = gemini.generate_requests()[-1].json
@@ -135,7 +136,8 @@ async def test_a_model_that_never_answers_times_out_and_frees_the_thread(
         workflow = gemini_workflow(pg_sessions, gemini, timeout=0.5)
         thread = Thread(team, "D0FAULT", "3.0")
         gemini.script(text("too late", delay=5), text("on time"))
-        assert await workflow.start_turn(thread, "U_EMP", "slow?") == Failed(thread)
+        failed = await workflow.start_turn(thread, "U_EMP", "slow?")
+        assert failed == Failed(thread, model_unavailable=True)  # it never answered
         assert await workflow.start_turn(thread, "U_EMP", "again") == Reply(thread, "on time")
 
 

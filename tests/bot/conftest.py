@@ -99,6 +99,7 @@ def bot_settings(slack: FakeSlack, gemini: FakeGemini, **overrides: Any) -> Sett
         APPROVER_CHANNEL=APPROVERS,
         ADMIN_USERS=[ADMIN],
         RECOVERY_INTERVAL_SECONDS=3600,
+        AGENT_MODEL_RETRY_DELAY_SECONDS=0,  # a retried model call waits no backoff
         PORT=0,
     )
     values.update(overrides)

@@ -300,6 +300,9 @@ def test_busy_and_failure_messages() -> None:
     )
     assert blocks.failure_message(False)["text"].endswith("Please try again in a moment.")
     assert blocks.failure_message(True)["text"].endswith("I'll retry automatically.")
+    unavailable = "The model is unavailable right now. Try again in a few minutes."
+    assert blocks.failure_message(False, model_unavailable=True) == {"text": unavailable}
+    assert blocks.failure_message(True, model_unavailable=True)["text"].endswith("automatically.")
 
 
 def test_refusal_text() -> None:

@@ -16,10 +16,16 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_bot(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run_bot(
+    *args: str, env: dict[str, str], absent: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """`python -m bot ARGS`; the `absent` packages cannot be imported, as if not installed
+    (`None` in sys.modules is Python's own "cannot import")."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GEMINI_"))}
+    blocked = "".join(f"sys.modules[{name!r}] = None; " for name in absent)
+    run = f"import runpy, sys; {blocked}runpy.run_module('bot', run_name='__main__')"
     return subprocess.run(  # noqa: S603
-        [sys.executable, "-m", "bot", *args],
+        [sys.executable, "-c", run, *args] if absent else [sys.executable, "-m", "bot", *args],
         env={**clean, **env},
         cwd=ROOT,
         capture_output=True,
@@ -165,3 +171,22 @@ def test_an_invalid_policy_file_stops_the_bot_naming_the_file_and_the_line(
     policy.write_text("tools:\n  launchRockets: {}\n")
     result = run_bot(env=env)
     assert result.returncode == 2 and "line 2: tools: no tool 'launchRockets'" in result.stderr
+
+
+def test_a_model_whose_plugin_is_not_installed_stops_the_bot_naming_the_extra(
+    tmp_path: Path,
+) -> None:
+    env = {
+        "SLACK_BOT_TOKEN": "xoxb-1",
+        "SLACK_SIGNING_SECRET": "s",
+        "APPROVER_CHANNEL": "C0APPROVE",
+        "GEMINI_API_KEY": "k",
+        "ANTHROPIC_API_KEY": "k",
+        "AGENT_FALLBACK_MODELS": "anthropic/claude-sonnet-4-5",
+        "DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}",
+    }
+    result = run_bot(env=env, absent=("genkit_anthropic",))
+    assert result.returncode == 2, result.stderr
+    assert "pip install 'greenlight[anthropic]'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "cli.db").exists()  # stopped before anything started

@@ -5,6 +5,8 @@ answers, so the plugin's own HTTP, SSE parsing and part conversion run for real,
 
     async with FakeGemini() as gemini:
         gemini.script(text("Hel", "lo"), function_call("lookup", {"q": "x"}, id="c1"))
+        gemini.fail(2, status=503)  # the next two generate calls answer 503 first
+        gemini.script(text("from the fallback"), model="gemini-2.5-flash")  # that model only
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ class RecordedRequest:
     @property
     def api_key(self) -> str | None:
         return self.headers.get(API_KEY_HEADER)
+
+    @property
+    def model(self) -> str:
+        """The model a generate call names (`/v1beta/models/{model}:streamGenerateContent`)."""
+        return self.path.removeprefix("/v1beta/models/").partition(":")[0]
 
 
 def _chunk(parts: list[JSON], *, last: bool) -> JSON:
@@ -166,6 +173,8 @@ class FakeGemini:
         self._models = [_model(m) for m in models]
         self._page_size = page_size
         self._script: deque[Script] = deque()
+        self._scripts: dict[str, deque[Script]] = {}  # per model, before the shared one
+        self._failures: dict[str | None, list[int]] = {}  # model (None: any): [status, times]
         self._listing_failures = 0
         self._listing_status = 503
         self._runner: web.AppRunner | None = None
@@ -193,14 +202,21 @@ class FakeGemini:
             # Genkit shows a 500 only as "internal error"; name the real cause here.
             raise AssertionError(f"FakeGemini script ran out for: {self.ran_out}")
 
-    def script(self, *replies: Script) -> None:
-        """Queue replies for the next generate calls, consumed in order."""
-        self._script.extend(replies)
+    def script(self, *replies: Script, model: str | None = None) -> None:
+        """Queue replies for the next generate calls, consumed in order; with `model`, for
+        that model's calls only (they take its own replies first, then the shared ones)."""
+        queue = self._script if model is None else self._scripts.setdefault(model, deque())
+        queue.extend(replies)
+
+    def fail(self, times: int, *, status: int = 503, model: str | None = None) -> None:
+        """Make the next `times` generate calls (to `model`, or to any) answer `status`
+        before any scripted reply is used: an outage, without scripting each error."""
+        self._failures[model] = [status, times]
 
     @property
     def pending(self) -> int:
         """Replies still queued; a test can assert it reaches 0."""
-        return len(self._script)
+        return len(self._script) + sum(len(q) for q in self._scripts.values())
 
     def fail_listing(self, times: int = 1, status: int = 503) -> None:
         """Make the next ``times`` GET /v1beta/models calls answer ``status``."""
@@ -210,8 +226,13 @@ class FakeGemini:
     def listing_requests(self) -> list[RecordedRequest]:
         return [r for r in self.requests if r.method == "GET" and r.path == "/v1beta/models"]
 
-    def generate_requests(self) -> list[RecordedRequest]:
-        return [r for r in self.requests if r.method == "POST" and "Content" in r.path]
+    def generate_requests(self, model: str | None = None) -> list[RecordedRequest]:
+        """Generate calls, to `model` only if given."""
+        return [
+            r
+            for r in self.requests
+            if r.method == "POST" and "Content" in r.path and model in (None, r.model)
+        ]
 
     def function_responses(self) -> list[JSON]:
         """``functionResponse`` objects (id, name, response) each generate call newly sent.
@@ -271,12 +292,18 @@ class FakeGemini:
     ) -> web.StreamResponse:
         if stream and rec.query.get("alt") != "sse":
             return _error_response(400, "FakeGemini streams only with ?alt=sse")
-        if not self._script:
+        for key in (rec.model, None):
+            failing = self._failures.get(key)
+            if failing is not None and failing[1] > 0:
+                failing[1] -= 1
+                return _error_response(failing[0], f"FakeGemini: {rec.model} is failing")
+        queue = self._scripts.get(rec.model) or self._script
+        if not queue:
             self.ran_out.append(rec.path)
             return _error_response(
                 500, f"FakeGemini script ran out: no reply queued for POST {rec.path}"
             )
-        item = self._script.popleft()
+        item = queue.popleft()
         reply = item if isinstance(item, Reply) else item(rec.json or {})
         if reply.delay:
             await asyncio.sleep(reply.delay)  # simulated latency, server side only
