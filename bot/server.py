@@ -1,4 +1,5 @@
-"""The running service: HTTP (or Socket Mode), health, the recovery sweep, clean shutdown."""
+"""The running service: HTTP (or Socket Mode), health, metrics, the recovery sweep, clean
+shutdown."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+from prometheus_client import CONTENT_TYPE_LATEST
 from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import text
+from sqlalchemy.pool import NullPool
 
 from agent import policy_file as policy_files
 from agent.assemble import build_workflow, new_uuid, utc_now
@@ -32,6 +35,7 @@ from bot.background import Background
 from bot.clicks import ClickLimit
 from bot.delivery import Delivery
 from bot.deps import Deps
+from bot.metrics import Metrics
 from bot.people import People
 from bot.settings import ConfigError, Settings
 from storage.db import make_engine, make_session_factory
@@ -42,6 +46,7 @@ log = logging.getLogger(__name__)
 SHUTDOWN_GRACE = 25.0  # seconds for in-flight work before it is cut off
 FOLLOW_UP_INTERVAL = 5.0  # seconds between looks for due reminders and escalations
 SLACK_PATH = "/slack/events"
+HEALTH_TIMEOUT = 2.0  # seconds /healthz waits for the database before it answers 503
 
 
 def signed_only(signing_secret: str) -> Middleware:
@@ -124,6 +129,10 @@ class Service:
         # Connections kept open: past them, each burst opens (and the pool later closes)
         # one per extra request, which costs both sides far more than the statements.
         self._engine = make_engine(settings.DATABASE_URL, pool_size=settings.DATABASE_POOL_SIZE)
+        # /healthz connects on its own, outside the pool: a pool that busy work exhausted
+        # would make it wait (30 s) for a connection, not tell whether the database answers.
+        self._health = make_engine(settings.DATABASE_URL, poolclass=NullPool)
+        self.metrics = Metrics()
         self._runner: web.AppRunner | None = None
         self._socket: AsyncSocketModeHandler | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -137,7 +146,9 @@ class Service:
             await upgrade(self._engine)
         policy_file = read_policy_file(s.POLICY_FILE)
         background = Background(limit=s.MAX_CONCURRENT_TURNS)
+        self.metrics.queue_depth_from(lambda: background.waiting)
         workflow = self._workflow(policy_file, background)
+        self.metrics.known_tools(workflow.policies.known_tools())
         self.deps = deps = Deps(
             workflow=workflow,
             delivery=Delivery(workflow, clock=utc_now),
@@ -152,6 +163,7 @@ class Service:
             token=s.SLACK_BOT_TOKEN.get_secret_value(),
             signing_secret=None if s.socket_mode else signing,
             api_url=s.SLACK_API_URL,
+            slack_errors=self.metrics.slack_api_error,
         )
         await self._prepare_policy(app.client, workflow, policy_file)
         # Socket Mode gets no Slack route: unsigned HTTP requests must never reach Bolt.
@@ -159,6 +171,7 @@ class Service:
         if not s.socket_mode and signing is not None:
             web_app.middlewares.append(signed_only(signing))
         web_app.router.add_get("/healthz", self._healthz)
+        web_app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(web_app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host=self.host, port=s.PORT)
@@ -198,6 +211,7 @@ class Service:
                 lease=timedelta(seconds=s.RESUME_LEASE_SECONDS),
                 outside=background.outside,
                 files=FileTools(root=s.AGENT_FILES_ROOT, artifacts=s.AGENT_ARTIFACTS),
+                observer=self.metrics,
             )
             if policy_file is not None and s.POLICY_FILE is not None:
                 known = workflow.policies.known_tools()
@@ -249,15 +263,22 @@ class Service:
         if self.app is not None and self.app.client.session is not None:
             await self.app.client.session.close()  # after the turns: they post to Slack
         await self._engine.dispose()
+        await self._health.dispose()
 
     async def _healthz(self, request: web.Request) -> web.Response:
         try:
-            async with self._engine.connect() as conn:
+            async with asyncio.timeout(HEALTH_TIMEOUT), self._health.connect() as conn:
                 await conn.execute(text("SELECT 1"))
         except Exception:
             log.warning("health check: database unreachable", exc_info=True)
             return web.json_response({"ok": False, "database": "unreachable"}, status=503)
         return web.json_response({"ok": True})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """Prometheus' text format (bot/metrics.py)."""
+        assert self.deps is not None
+        body = await self.metrics.render(self.deps.workflow.pending_by_tool)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _sweep_forever(self) -> None:
         """Expire overdue approvals and finish turns a dead process left; first at start-up."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -59,6 +59,7 @@ class Settings(BaseSettings):
     RESUME_LEASE_SECONDS: float = Field(default=120.0, gt=0)
     MAX_CONCURRENT_TURNS: int = Field(default=8, ge=1, le=4096)
     LOG_LEVEL: str = "INFO"
+    LOG_FORMAT: Literal["text", "json"] = "text"
 
     _split_tools = field_validator("AGENT_TOOLS", "ADMIN_USERS", mode="before")(_split_csv)
 

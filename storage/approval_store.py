@@ -118,6 +118,12 @@ DECIDABLE = GET.add_columns(*(_P.c[f].label(f"policy_{f}") for f in POLICY_FIELD
     _P, sa.and_(_P.c.team_id == A.c.team_id, _P.c.tool == A.c.tool)
 )
 PENDING = _LOCATED.where(_TEAM, A.c.status == ApprovalState.PENDING)
+# Pending requests by tool, every workspace: one row per tool, read off the status index.
+PENDING_BY_TOOL = (
+    sa.select(A.c.tool, sa.func.count())
+    .where(A.c.status == ApprovalState.PENDING)
+    .group_by(A.c.tool)
+)
 OVERDUE = _LOCATED.where(guard(EXPIRE))
 STALE_CARDS = _LOCATED.where(guard(RETRY_CARD))
 DUE = {t: _LOCATED.where(guard(t)) for t in (REMIND, ESCALATE)}
@@ -637,6 +643,12 @@ class ApprovalStore:
     async def pending(self, team_id: str) -> tuple[Approval, ...]:
         async with autocommit(self._sessions) as db:
             return _located(await db.execute(PENDING, {"team": team_id}))
+
+    async def pending_by_tool(self) -> dict[str, int]:
+        """How many requests wait for a decision, by tool, across every workspace."""
+        async with autocommit(self._sessions) as db:
+            rows = await db.execute(PENDING_BY_TOOL)
+        return {tool: count for tool, count in rows}
 
     async def overdue(self, *, now: datetime, team_id: str | None = None) -> tuple[Approval, ...]:
         """Pending approvals an EXPIRE may take now."""
