@@ -182,7 +182,13 @@ class Service:
             await self._socket.connect_async()  # type: ignore[no-untyped-call]
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="recovery sweep")
         self._follower = asyncio.create_task(self._follow_up_forever(), name="follow-ups")
-        log.info("Greenlight is up (%s)", "Socket Mode" if s.socket_mode else f"HTTP :{self.port}")
+        log.info(
+            "Greenlight is up (%s; /healthz and /metrics on :%d): model %s, tools %s",
+            "Socket Mode" if s.socket_mode else "HTTP",
+            self.port,
+            s.AGENT_MODEL,
+            ", ".join(workflow.policies.known_tools()),
+        )
 
     def _workflow(self, policy_file: PolicyFile | None, background: Background) -> Workflow:
         """The agent and its workflow, under the configured policy defaults."""
