@@ -21,7 +21,6 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import text
-from sqlalchemy.pool import NullPool
 
 from agent import policy_file as policy_files
 from agent.assemble import build_workflow, new_uuid, utc_now
@@ -129,9 +128,12 @@ class Service:
         # Connections kept open: past them, each burst opens (and the pool later closes)
         # one per extra request, which costs both sides far more than the statements.
         self._engine = make_engine(settings.DATABASE_URL, pool_size=settings.DATABASE_POOL_SIZE)
-        # /healthz connects on its own, outside the pool: a pool that busy work exhausted
-        # would make it wait (30 s) for a connection, not tell whether the database answers.
-        self._health = make_engine(settings.DATABASE_URL, poolclass=NullPool)
+        # /healthz has a connection of its own, outside the pool: a pool that busy work
+        # exhausted would make it wait (30 s) for one, not tell whether the database answers.
+        # Kept open, so a server at max_connections still answers it.
+        self._health = make_engine(
+            settings.DATABASE_URL, pool_size=1, max_overflow=0, pool_timeout=HEALTH_TIMEOUT
+        )
         self.metrics = Metrics()
         self._runner: web.AppRunner | None = None
         self._socket: AsyncSocketModeHandler | None = None
