@@ -32,6 +32,7 @@ from genkit.model import ModelResponse
 from pydantic import BaseModel, ValidationError
 
 from agent.context import as_provenance, call_context
+from agent.observer import ExecutionOutcome, Observer
 from agent.policy import Policy, PolicyService
 from agent.questions import asked
 from agent.runtime import Preview
@@ -120,14 +121,16 @@ def approval_middleware(
     new_id: Callable[[], str],
     clock: Callable[[], datetime],
     outside: Outside = contextlib.nullcontext,
+    observer: Observer | None = None,
 ) -> type[BaseMiddleware[Any]]:
     """Build the middleware class bound to this application's store and policy.
 
     `questions`: the tools that only ask a person (agent/questions.py): they are neither
     gated nor run, their calls become questions. `outside`: entered around each wait on the
     model or a tool, so whoever runs the turn (bot/background.py) can give the turn's place
-    to other work meanwhile.
+    to other work meanwhile. `observer`: told how each approved call ended.
     """
+    observer = observer or Observer()
 
     async def run_approved(
         approval_id: str,
@@ -143,7 +146,12 @@ def approval_middleware(
         tool, ref = params.tool.name, params.tool_request_part.tool_request.ref or ""  # type: ignore[union-attr]
         approval = scope.approvals.get(approval_id)
         if approval is None or (approval.request.tool, approval.request.ref) != (tool, ref):
-            log.warning("a restart of %s carried approval %s, not this call's", tool, approval_id)
+            log.warning(
+                "a restart of %s carried approval %s, not this call's",
+                tool,
+                approval_id,
+                extra={"approval_id": approval_id},
+            )
             raise Interrupt({"why": f"{tool} needs approval (the approval given was not valid)"})
         try:
             await store.start_execution(approval, now=clock())
@@ -153,22 +161,26 @@ def approval_middleware(
             async with outside():
                 result = await next_fn(params, ctx)
             output = jsonable(result.output)
-        except (Interrupt, GenkitError) as exc:
-            if asking(exc) is None:
-                raise
-            # Approved, it asked for more: a restart cannot ask (Genkit fails the resume).
-            log.warning("approved tool %s asked a question; the model is told", tool)
-            output = {
-                "ok": False,
-                "error": f"{tool} asked for more input after it was approved and did not run. "
-                "Ask the person with askHuman, then call it again.",
-            }
-            result = MultipartToolResponse(output=output)
-        except Exception:
-            log.exception("approved tool %s failed (approval %s)", tool, approval_id)
-            output = {"ok": False, "error": f"the tool {tool} failed; it may need a retry"}
+        except Exception as exc:
+            if asking(exc) is not None:
+                # Approved, it asked for more: a restart cannot ask (Genkit fails the resume).
+                log.warning("approved tool %s asked a question; the model is told", tool)
+                output = {
+                    "ok": False,
+                    "error": f"{tool} asked for more input after it was approved and did not "
+                    "run. Ask the person with askHuman, then call it again.",
+                }
+            else:  # what the tool raised (Genkit wraps it in a GenkitError)
+                log.exception(
+                    "approved tool %s failed (approval %s)",
+                    tool,
+                    approval_id,
+                    extra={"approval_id": approval_id, "turn_id": approval.turn_id},
+                )
+                output = {"ok": False, "error": f"the tool {tool} failed; it may need a retry"}
             result = MultipartToolResponse(output=output)
         await store.finish_execution(approval, output=output, now=clock())
+        observer.executed(tool, execution_outcome(output))
         return result
 
     async def preview(tool: str, input: Any) -> str | None:
@@ -306,6 +318,7 @@ async def run_edited(
     approval: Approval,
     *,
     clock: Callable[[], datetime],
+    observer: Observer,
 ) -> None:
     """Run an approved call with its approver's changes, at most once: Genkit refuses a
     restart whose input differs, so the workflow runs it here, behind the same gate as
@@ -329,9 +342,20 @@ async def run_edited(
         raw = await run_tool_request(tool=tool, tool_request_part=part)
         output = jsonable(raw.output if isinstance(raw, MultipartToolResponse) else raw)
     except Exception:
-        log.exception("approved tool %s failed with changes (approval %s)", r.tool, approval.id)
+        log.exception(
+            "approved tool %s failed with changes (approval %s)",
+            r.tool,
+            approval.id,
+            extra={"approval_id": approval.id, "turn_id": approval.turn_id},
+        )
         output = {"ok": False, "error": f"the tool {r.tool} failed; it may need a retry"}
     await store.finish_execution(approval, output=output, now=clock())
+    observer.executed(r.tool, execution_outcome(output))
+
+
+def execution_outcome(output: Any) -> ExecutionOutcome:
+    """A recorded output's outcome: a tool that raised (or said so) answered {"ok": false}."""
+    return "error" if isinstance(output, dict) and output.get("ok") is False else "ok"
 
 
 def answer_from_record(refused: IllegalTransition, tool: str) -> Any:

@@ -12,6 +12,7 @@ from genkit.exp import Genkit
 
 from agent.approval import Outside, approval_middleware
 from agent.files import FileTools
+from agent.observer import Observer
 from agent.policy import PolicyDefaults, PolicyService
 from agent.runtime import AgentConfig, AgentRuntime, Preview, build_runtime
 from agent.workflow import Workflow
@@ -41,9 +42,11 @@ def build_workflow(
     setup: Callable[[Genkit], None] | None = None,
     outside: Outside = contextlib.nullcontext,
     files: FileTools | None = None,
+    observer: Observer | None = None,
 ) -> Workflow:
     """`outside`: the hook a turn waits on the model or a tool in (see agent/approval.py);
-    `files`: the file tools to mount (agent/files.py), their reads allowed by default."""
+    `files`: the file tools to mount (agent/files.py), their reads allowed by default;
+    `observer`: told of decisions, tool executions and turns (agent/observer.py)."""
     files = files or FileTools()
     defaults = defaults or PolicyDefaults()
     runtime: AgentRuntime
@@ -69,6 +72,7 @@ def build_workflow(
         new_id=new_id,
         clock=clock,
         outside=outside,
+        observer=observer,
     )
     runtime = build_runtime(
         config,
@@ -88,4 +92,5 @@ def build_workflow(
         new_id=new_id,
         lease=lease,
         turn_timeout=turn_timeout,
+        observer=observer,
     )

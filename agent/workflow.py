@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from types import EllipsisType
-from typing import Any, Literal, assert_never
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, assert_never
 
 from genkit import Part
 from genkit.exp import (
@@ -36,6 +37,7 @@ from agent.approval import (
     run_edited,
 )
 from agent.context import Line, as_provenance, conversation_lines, human_message
+from agent.observer import DecisionOutcome, Observer, TurnOutcomeName
 from agent.policy import ApproverFacts, Policy, PolicyService, Refusal, refusal
 from agent.questions import answer_form, answered, form_errors
 from agent.runtime import AgentRuntime
@@ -207,6 +209,29 @@ class SweepReport:
     uncarded: tuple[Approval, ...] = ()
 
 
+P = ParamSpec("P")
+T = TypeVar("T", bound=TurnOutcome | Resumed | None)
+
+
+def _observed(
+    run: Callable[Concatenate[Workflow, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[Workflow, P], Coroutine[Any, Any, T]]:
+    """Tell the observer how a turn ended and how long it took (agent/observer.py)."""
+
+    @functools.wraps(run)
+    async def observed(self: Workflow, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        started = self._clock()
+        try:
+            result = await run(self, *args, **kwargs)
+        except Exception:
+            self._observer.turn_ended("failed", (self._clock() - started).total_seconds())
+            raise
+        self._turn_ended(result, (self._clock() - started).total_seconds())
+        return result
+
+    return observed
+
+
 class Workflow:
     def __init__(
         self,
@@ -218,8 +243,10 @@ class Workflow:
         new_id: Callable[[], str],
         lease: timedelta = timedelta(minutes=2),
         turn_timeout: timedelta = timedelta(minutes=5),
+        observer: Observer | None = None,
     ) -> None:
         self._runtime = runtime
+        self._observer = observer or Observer()
         self._turn_timeout = turn_timeout
         self._store = store
         self._policies = policies
@@ -253,6 +280,7 @@ class Workflow:
         """Whether this is the first delivery of a Slack event (retries run nothing twice)."""
         return await self._store.accept_event(event_id, now=self._clock())
 
+    @_observed
     async def start_turn(
         self,
         thread: Thread,
@@ -293,7 +321,11 @@ class Workflow:
                 lambda c: c.send_stream(AgentInput(message=message)),
             )
         except Exception:
-            log.exception("turn failed in conversation %s", held.conversation_id)
+            log.exception(
+                "turn failed in conversation %s",
+                held.conversation_id,
+                extra={"conversation_id": held.conversation_id},
+            )
             await self._store.release_thread(held.conversation_id, snapshot_id=None)
             return Failed(thread, model_unavailable=scope.model.unanswered)
         if out.finish_reason == AgentFinishReason.INTERRUPTED:
@@ -303,13 +335,14 @@ class Workflow:
         await self._store.release_thread(held.conversation_id, snapshot_id=out.snapshot_id)
         return Reply(thread, out.text)
 
+    @_observed
     async def continue_turn(self, turn_id: str, on_text: TextSink | None = None) -> Resumed | None:
         """Resume a fully decided turn, once. None when it is not ready or someone else has it."""
         now = self._clock()
         try:
             claim = await self._store.claim(turn_id, now=now, lease_until=now + self._lease)
         except IllegalTransition as refused:
-            log.debug("turn %s not resumed here: %s", turn_id, refused)
+            log.debug("turn %s not resumed here: %s", turn_id, refused, extra={"turn_id": turn_id})
             return None
         thread = claim.thread
         asked = claim.approvals[0].request
@@ -330,7 +363,12 @@ class Workflow:
                 lambda c: c.resume_stream(respond=respond, restart=restart),
             )
         except Exception:
-            log.exception("resume of turn %s failed (attempt %d)", turn_id, claim.attempt)
+            log.exception(
+                "resume of turn %s failed (attempt %d)",
+                turn_id,
+                claim.attempt,
+                extra={"turn_id": turn_id},
+            )
             return await self._resume_failed(claim, model_unavailable=scope.model.unanswered)
         finally:
             heartbeat.cancel()
@@ -347,7 +385,11 @@ class Workflow:
             )
             return Resumed(AwaitingApproval(thread, approvals), settled)
         except IllegalTransition:
-            log.error("turn %s lost its lease while resuming; dropping this result", turn_id)
+            log.error(
+                "turn %s lost its lease while resuming; dropping this result",
+                turn_id,
+                extra={"turn_id": turn_id},
+            )
             return None
 
     # -- decisions ---------------------------------------------------------------------
@@ -425,6 +467,7 @@ class Workflow:
         except IllegalTransition as refused:  # answered first by someone, or time ran out
             current = await self._expire_if_overdue(refused.current or approval)
             raise DecisionRefused("already_decided", current) from None
+        self._settled(done)
         return Decided(done, turn_ready=others_pending == 0)
 
     async def conversation(
@@ -496,6 +539,7 @@ class Workflow:
             decided, others_pending = await self._store.decide(approval, decision, seen=seen)
         except IllegalTransition as refused:
             raise await self._refused(refused, approval) from None
+        self._settled(decided)
         # A vote towards a quorum leaves the approval pending: nothing to resume yet.
         ready = decided.decision is not None and others_pending == 0
         return Decided(decided, turn_ready=ready)
@@ -546,6 +590,7 @@ class Workflow:
             )
         except IllegalTransition as refused:
             raise await self._refused(refused, approval) from None
+        self._settled(decided)
         return Decided(decided, turn_ready=others_pending == 0)
 
     async def _refused(self, refused: IllegalTransition, approval: Approval) -> DecisionRefused:
@@ -563,9 +608,11 @@ class Workflow:
         if approval.decision is not None or approval.request.expires_at > self._clock():
             return approval
         try:
-            return await self._store.expire(approval, now=self._clock())
+            expired = await self._store.expire(approval, now=self._clock())
         except IllegalTransition as refused:
             return refused.current or approval
+        self._settled(expired)
+        return expired
 
     # -- maintenance -------------------------------------------------------------------
 
@@ -582,6 +629,7 @@ class Workflow:
         for approval in await self._store.overdue(now=now, team_id=team_id):
             with contextlib.suppress(IllegalTransition):  # decided meanwhile, or by a replica
                 expired.append(await self._store.expire(approval, now=now))
+                self._settled(expired[-1])
         # Cards a process died posting (a live one posts within moments).
         uncarded = []
         for approval in await self._store.stale_cards(stale=now - CARD_GRACE, team_id=team_id):
@@ -652,12 +700,21 @@ class Workflow:
         """`person`'s requests still waiting, or decided with their turn still going."""
         return await self._store.requested_by(team_id, person, limit=limit)
 
+    async def pending_by_tool(self) -> dict[str, int]:
+        """Requests waiting for a decision, by tool, in every workspace (for metrics)."""
+        return await self._store.pending_by_tool()
+
     async def card_posted(self, approval: Approval, *, ts: str) -> Approval | None:
         """The card is out, at `ts`; None when its outbox had already moved on."""
         try:
             return await self._store.card_posted(approval, ts=ts)
         except IllegalTransition as refused:
-            log.warning("card of approval %s posted, but: %s", approval.id, refused)
+            log.warning(
+                "card of approval %s posted, but: %s",
+                approval.id,
+                refused,
+                extra={"approval_id": approval.id},
+            )
             return None
 
     async def card_failed(self, approval: Approval) -> Approval | None:
@@ -665,13 +722,65 @@ class Workflow:
         try:
             return await self._store.card_failed(approval, now=self._clock())
         except IllegalTransition as refused:
-            log.warning("card of approval %s failed, but: %s", approval.id, refused)
+            log.warning(
+                "card of approval %s failed, but: %s",
+                approval.id,
+                refused,
+                extra={"approval_id": approval.id},
+            )
             return None
 
     async def audit_trail(self, team_id: str, tool: str | None = None) -> list[AuditEntry]:
         return await self._store.audit_trail(team_id, tool=tool)
 
     # -- internals ---------------------------------------------------------------------
+
+    def _settled(self, approval: Approval) -> None:
+        """Tell the observer a request was settled (a vote towards a quorum settles none)."""
+        if (decision := approval.decision) is None:
+            return
+        outcome: DecisionOutcome
+        match decision:
+            case Approved():
+                outcome = "approved"
+            case Denied():
+                outcome = "denied"
+            case Expired():
+                outcome = "expired"
+            case Answered():
+                outcome = "answered"
+            case unreachable:
+                assert_never(unreachable)
+        r = approval.request
+        self._observer.decided(r.tool, outcome, (decision.at - r.requested_at).total_seconds())
+
+    def _turn_ended(self, result: TurnOutcome | Resumed | None, seconds: float) -> None:
+        """Tell the observer how a turn ended, and how each approved call of a resume that
+        ended for good had ended: one still only started never will (outcome unknown)."""
+        if result is None:  # not resumed here: nothing ran
+            return
+        if isinstance(result, Resumed):
+            if not (isinstance(result.outcome, Failed) and result.outcome.retrying):
+                for a in result.settled:
+                    if isinstance(a.decision, Approved) and isinstance(a.execution, Started):
+                        self._observer.executed(a.request.tool, "unknown")
+            result = result.outcome
+        name: TurnOutcomeName
+        ran: float | None = seconds
+        match result:
+            case Reply():
+                name = "reply"
+            case AwaitingApproval():
+                name = "awaiting_approval"
+            case Failed():
+                name = "failed"
+            case Busy():
+                name, ran = "busy", None
+            case AnsweredInThread():
+                name, ran = "answered", None
+            case unreachable:
+                assert_never(unreachable)
+        self._observer.turn_ended(name, ran)
 
     async def _run(
         self,
@@ -786,7 +895,11 @@ class Workflow:
         for approval in edited:
             tool = self._runtime.tools.get(approval.request.tool)
             await run_edited(
-                self._store, tool.action() if tool else None, approval, clock=self._clock
+                self._store,
+                tool.action() if tool else None,
+                approval,
+                clock=self._clock,
+                observer=self._observer,
             )
         return await self._store.turn_approvals(claim.turn_id) if edited else claim.approvals
 
@@ -802,7 +915,11 @@ class Workflow:
                 # The thread continues from before the failed turn, not its dangling calls.
                 settled = await self._store.give_up(claim, now=now)
         except IllegalTransition:
-            log.error("turn %s lost its lease while failing; another resume has it", claim.turn_id)
+            log.error(
+                "turn %s lost its lease while failing; another resume has it",
+                claim.turn_id,
+                extra={"turn_id": claim.turn_id},
+            )
             return None
         return Resumed(Failed(claim.thread, retrying, model_unavailable), settled)
 
@@ -815,7 +932,12 @@ class Workflow:
             except IllegalTransition:
                 return
             except Exception:  # a database hiccup: the lease may still be renewed next time
-                log.warning("could not renew the lease of turn %s", claim.turn_id, exc_info=True)
+                log.warning(
+                    "could not renew the lease of turn %s",
+                    claim.turn_id,
+                    exc_info=True,
+                    extra={"turn_id": claim.turn_id},
+                )
 
 
 def _from_model(chunk: AgentChunk[Any]) -> bool:

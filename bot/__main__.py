@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 
+from bot.logs import setup_logging
 from bot.settings import ConfigError, Settings, load_settings
 
 
@@ -16,9 +16,7 @@ def settings_or_exit() -> Settings:
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         raise SystemExit(2) from None
-    logging.basicConfig(
-        level=settings.LOG_LEVEL, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(settings.LOG_LEVEL, settings.LOG_FORMAT)
     return settings
 
 

@@ -1,4 +1,5 @@
-"""The Bolt app: a Web API client that honours Retry-After, the listeners, one error handler."""
+"""The Bolt app: a Web API client that honours Retry-After and counts Slack's errors, the
+listeners, one error handler."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ from typing import Any
 import aiohttp
 from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from slack_bolt.response import BoltResponse
+from slack_sdk.http_retry.async_handler import AsyncRetryHandler
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
     AsyncRateLimitErrorRetryHandler,
     AsyncServerErrorRetryHandler,
 )
+from slack_sdk.http_retry.request import HttpRequest
+from slack_sdk.http_retry.response import HttpResponse
+from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import listeners
@@ -22,10 +27,58 @@ from bot.deps import Deps
 log = logging.getLogger(__name__)
 
 Next = Callable[[], Awaitable[BoltResponse]]
+SlackErrorSink = Callable[[str, str], None]  # (method, error)
 
 
-def web_client(token: str, api_url: str | None) -> AsyncWebClient:
-    """Slack's client, retrying dropped connections, 429s per Retry-After, and 500/503.
+class SlackErrors(AsyncRetryHandler):
+    """Tells `sink` of every error answer of Slack's Web API, each attempt, and retries
+    nothing itself. A retry handler because slack_sdk shows each answer to the client's
+    handlers, and Bolt's per-request clients share them: one place sees every call, whoever
+    makes it, before any `SlackApiError` is raised (or caught)."""
+
+    def __init__(self, sink: SlackErrorSink, base_url: str) -> None:
+        super().__init__(max_retry_count=0)
+        self._sink = sink
+        self._base_url = base_url
+
+    async def can_retry_async(
+        self,
+        *,
+        state: RetryState,
+        request: HttpRequest,
+        response: HttpResponse | None = None,
+        error: Exception | None = None,
+    ) -> bool:
+        if (found := slack_error(response, error)) is not None:
+            url = request.url
+            method = url[len(self._base_url) :] if url.startswith(self._base_url) else "other"
+            self._sink(method, found)
+        return False
+
+
+def slack_error(response: HttpResponse | None, error: Exception | None) -> str | None:
+    """Slack's error code for an answer (None: no error): its `error` field, else the HTTP
+    status; `connection_error` when no answer came."""
+    if response is None:
+        return "connection_error" if error is not None else None
+    body = response.body
+    if isinstance(body, dict) and body.get("ok") is False:
+        return str(body.get("error") or "unknown")
+    return f"http_{response.status_code}" if response.status_code >= 400 else None
+
+
+def web_client(
+    token: str, api_url: str | None, errors: SlackErrorSink | None = None
+) -> AsyncWebClient:
+    """Slack's client (see `configure`)."""
+    return configure(AsyncWebClient(token=token), api_url, errors)
+
+
+def configure(
+    client: AsyncWebClient, api_url: str | None, errors: SlackErrorSink | None = None
+) -> AsyncWebClient:
+    """`client`, retrying dropped connections, 429s per Retry-After, and 500/503; every
+    error answer goes to `errors` (bot/metrics.py).
 
     A lost approval card strands a request; a duplicate needs Slack to have acted and then
     failed, which is rarer, and the second card's buttons resolve to the same approval.
@@ -35,20 +88,18 @@ def web_client(token: str, api_url: str | None) -> AsyncWebClient:
     hands this session to the per-request clients it builds. Call it with the event loop
     running; whoever owns the client closes `client.session`.
     """
-    kwargs: dict[str, Any] = {}
     if api_url:
-        kwargs["base_url"] = api_url if api_url.endswith("/") else api_url + "/"
-    return AsyncWebClient(
-        token=token,
-        # slack_sdk's own default timeout; it sets none per request on a shared session.
-        session=aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)),
-        retry_handlers=[
-            AsyncConnectionErrorRetryHandler(max_retry_count=2),
-            AsyncRateLimitErrorRetryHandler(max_retry_count=3),
-            AsyncServerErrorRetryHandler(max_retry_count=2),
-        ],
-        **kwargs,
-    )
+        client.base_url = api_url if api_url.endswith("/") else api_url + "/"
+    # slack_sdk's own default timeout; it sets none per request on a shared session.
+    client.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+    client.retry_handlers = [
+        AsyncConnectionErrorRetryHandler(max_retry_count=2),
+        AsyncRateLimitErrorRetryHandler(max_retry_count=3),
+        AsyncServerErrorRetryHandler(max_retry_count=2),
+    ]
+    if errors is not None:  # first: the handler that retries stops the others looking
+        client.retry_handlers.insert(0, SlackErrors(errors, client.base_url))
+    return client
 
 
 def raised_by_us(error: BaseException) -> bool:
@@ -62,14 +113,23 @@ def raised_by_us(error: BaseException) -> bool:
 
 
 def build_app(
-    deps: Deps, *, token: str, signing_secret: str | None, api_url: str | None
+    deps: Deps,
+    *,
+    token: str,
+    signing_secret: str | None,
+    api_url: str | None,
+    slack_errors: SlackErrorSink | None = None,
 ) -> AsyncApp:
+    # Bolt is given the token and builds the client, which is then configured: given a
+    # `client=`, Bolt would read SLACK_BOT_TOKEN from the environment on its own and warn
+    # on every start that the token is unused (bolt-python#983).
     app = AsyncApp(
-        client=web_client(token, api_url),
+        token=token,
         signing_secret=signing_secret or "",
         request_verification_enabled=signing_secret is not None,
         ignoring_self_events_enabled=True,
     )
+    configure(app.client, api_url, slack_errors)
 
     @app.error
     async def on_error(

@@ -41,6 +41,11 @@ class Background:
         """Whether work spawned now would start at once."""
         return self._free > 0
 
+    @property
+    def waiting(self) -> int:
+        """Pieces of work waiting for a slot now (greenlight_queue_depth)."""
+        return sum(not handed.done() for _, _, handed in self._waiting)
+
     def spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
         parent = _current.get()
         work = _Work(next(self._places) if parent is None else parent.place)

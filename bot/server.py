@@ -1,4 +1,5 @@
-"""The running service: HTTP (or Socket Mode), health, the recovery sweep, clean shutdown."""
+"""The running service: HTTP (or Socket Mode), health, metrics, the recovery sweep, clean
+shutdown."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import SecretStr
 from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
@@ -39,6 +41,7 @@ from bot.delivery import Delivery
 from bot.deps import Deps
 from bot.home import HomeTabs
 from bot.listeners.commands import policy_summary
+from bot.metrics import Metrics
 from bot.people import People
 from bot.settings import ConfigError, Settings
 from storage.db import make_engine, make_session_factory
@@ -49,6 +52,7 @@ log = logging.getLogger(__name__)
 SHUTDOWN_GRACE = 25.0  # seconds for in-flight work before it is cut off
 FOLLOW_UP_INTERVAL = 5.0  # seconds between looks for due reminders and escalations
 SLACK_PATH = "/slack/events"
+HEALTH_TIMEOUT = 2.0  # seconds /healthz waits for the database before it answers 503
 
 
 def signed_only(signing_secret: str) -> Middleware:
@@ -149,6 +153,13 @@ class Service:
         # Connections kept open: past them, each burst opens (and the pool later closes)
         # one per extra request, which costs both sides far more than the statements.
         self._engine = make_engine(settings.DATABASE_URL, pool_size=settings.DATABASE_POOL_SIZE)
+        # /healthz has a connection of its own, outside the pool: a pool that busy work
+        # exhausted would make it wait (30 s) for one, not tell whether the database answers.
+        # Kept open, so a server at max_connections still answers it.
+        self._health = make_engine(
+            settings.DATABASE_URL, pool_size=1, max_overflow=0, pool_timeout=HEALTH_TIMEOUT
+        )
+        self.metrics = Metrics()
         self._runner: web.AppRunner | None = None
         self._socket: AsyncSocketModeHandler | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -165,6 +176,7 @@ class Service:
         policy_file = read_policy_file(s.POLICY_FILE)
         servers = mcp_servers(s, policy_file)
         background = Background(limit=s.MAX_CONCURRENT_TURNS)
+        self.metrics.queue_depth_from(lambda: background.waiting)
         workflow = self._workflow(policy_file, background, servers)
         delivery = Delivery(workflow, clock=utc_now, stream_interval=s.STREAM_INTERVAL_SECONDS)
         people = People(admin_users=s.ADMIN_USERS, clock=utc_now)
@@ -176,6 +188,7 @@ class Service:
             summary=policy_summary,
         )
         delivery.watch(home.changed)  # a card redrawn: so are the Homes showing it
+        self.metrics.known_tools(workflow.policies.known_tools())
         self.deps = deps = Deps(
             workflow=workflow,
             delivery=delivery,
@@ -192,6 +205,7 @@ class Service:
             token=s.SLACK_BOT_TOKEN.get_secret_value(),
             signing_secret=None if s.socket_mode else signing,
             api_url=s.SLACK_API_URL,
+            slack_errors=self.metrics.slack_api_error,
         )
         self.mcp = McpTools(servers, workflow.runtime)
         self.mcp.on_added = functools.partial(self._mcp_tools_added, workflow, policy_file)
@@ -202,6 +216,7 @@ class Service:
         if not s.socket_mode and signing is not None:
             web_app.middlewares.append(signed_only(signing))
         web_app.router.add_get("/healthz", self._healthz)
+        web_app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(web_app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host=self.host, port=s.PORT)
@@ -212,7 +227,13 @@ class Service:
             await self._socket.connect_async()  # type: ignore[no-untyped-call]
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="recovery sweep")
         self._follower = asyncio.create_task(self._follow_up_forever(), name="follow-ups")
-        log.info("Greenlight is up (%s)", "Socket Mode" if s.socket_mode else f"HTTP :{self.port}")
+        log.info(
+            "Greenlight is up (%s; /healthz and /metrics on :%d): model %s, tools %s",
+            "Socket Mode" if s.socket_mode else "HTTP",
+            self.port,
+            s.AGENT_MODEL,
+            ", ".join(workflow.policies.known_tools()),
+        )
 
     def _workflow(
         self, policy_file: PolicyFile | None, background: Background, servers: McpServers
@@ -254,6 +275,7 @@ class Service:
                 lease=timedelta(seconds=s.RESUME_LEASE_SECONDS),
                 outside=background.outside,
                 files=FileTools(root=s.AGENT_FILES_ROOT, artifacts=s.AGENT_ARTIFACTS),
+                observer=self.metrics,
             )
             if policy_file is not None and s.POLICY_FILE is not None:
                 known = workflow.policies.known_tools()
@@ -319,15 +341,22 @@ class Service:
         if self.app is not None and self.app.client.session is not None:
             await self.app.client.session.close()  # after the turns: they post to Slack
         await self._engine.dispose()
+        await self._health.dispose()
 
     async def _healthz(self, request: web.Request) -> web.Response:
         try:
-            async with self._engine.connect() as conn:
+            async with asyncio.timeout(HEALTH_TIMEOUT), self._health.connect() as conn:
                 await conn.execute(text("SELECT 1"))
         except Exception:
             log.warning("health check: database unreachable", exc_info=True)
             return web.json_response({"ok": False, "database": "unreachable"}, status=503)
         return web.json_response({"ok": True})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """Prometheus' text format (bot/metrics.py)."""
+        assert self.deps is not None
+        body = await self.metrics.render(self.deps.workflow.pending_by_tool)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _sweep_forever(self) -> None:
         """Expire overdue approvals and finish turns a dead process left; first at start-up."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -77,6 +77,7 @@ class Settings(BaseSettings):
     RESUME_LEASE_SECONDS: float = Field(default=120.0, gt=0)
     MAX_CONCURRENT_TURNS: int = Field(default=8, ge=1, le=4096)
     LOG_LEVEL: str = "INFO"
+    LOG_FORMAT: Literal["text", "json"] = "text"
 
     # Slack surfaces: how often a streamed reply is sent on (Slack rate limits the calls),
     # and the prompts an assistant thread offers when it opens (a JSON list: texts, or

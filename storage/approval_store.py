@@ -124,6 +124,12 @@ _PERSON: sa.BindParameter[str] = sa.bindparam("person", type_=sa.String())
 # ix_approvals_requester (its (team_id, requester) prefix).
 INBOX = PENDING.where(A.c.requester != _PERSON)
 _GOES_ON = (ApprovalState.PENDING, ApprovalState.APPROVED, ApprovalState.ANSWERED)
+# Pending requests by tool, every workspace: one row per tool, read off the status index.
+PENDING_BY_TOOL = (
+    sa.select(A.c.tool, sa.func.count())
+    .where(A.c.status == ApprovalState.PENDING)
+    .group_by(A.c.tool)
+)
 OVERDUE = _LOCATED.where(guard(EXPIRE))
 STALE_CARDS = _LOCATED.where(guard(RETRY_CARD))
 DUE = {t: _LOCATED.where(guard(t)) for t in (REMIND, ESCALATE)}
@@ -659,6 +665,12 @@ class ApprovalStore:
         async with autocommit(self._sessions) as db:
             found = _located(await db.execute(REQUESTED.limit(limit), params))
         return await self._with_votes(found)
+
+    async def pending_by_tool(self) -> dict[str, int]:
+        """How many requests wait for a decision, by tool, across every workspace."""
+        async with autocommit(self._sessions) as db:
+            rows = await db.execute(PENDING_BY_TOOL)
+        return {tool: count for tool, count in rows}
 
     async def overdue(self, *, now: datetime, team_id: str | None = None) -> tuple[Approval, ...]:
         """Pending approvals an EXPIRE may take now."""

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agent.assemble import build_workflow, new_uuid
 from agent.models import Credentials, Resilience
+from agent.observer import DecisionOutcome, ExecutionOutcome, Observer, TurnOutcomeName
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
 from agent.workflow import Thread, Workflow
@@ -36,6 +37,24 @@ class Clock:
 
     def advance(self, **delta: float) -> None:
         self.now += timedelta(**delta)
+
+
+@dataclass
+class Recorder(Observer):
+    """What the workflow told its observer, in order."""
+
+    decisions: list[tuple[str, DecisionOutcome, float]] = field(default_factory=list)
+    executions: list[tuple[str, ExecutionOutcome]] = field(default_factory=list)
+    turns: list[tuple[TurnOutcomeName, float | None]] = field(default_factory=list)
+
+    def decided(self, tool: str, outcome: DecisionOutcome, seconds: float) -> None:
+        self.decisions.append((tool, outcome, seconds))
+
+    def executed(self, tool: str, outcome: ExecutionOutcome) -> None:
+        self.executions.append((tool, outcome))
+
+    def turn_ended(self, outcome: TurnOutcomeName, seconds: float | None) -> None:
+        self.turns.append((outcome, seconds))
 
 
 @dataclass

@@ -23,6 +23,7 @@ from genkit.model import ModelRequest, ModelResponse
 
 from agent.approval import UNKNOWN_OUTCOME
 from agent.assemble import build_workflow, new_uuid
+from agent.observer import Observer
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
 from agent.workflow import (
@@ -39,7 +40,7 @@ from agent.workflow import (
 from storage.db import SessionFactory
 from tests import ledger_tools
 from tests.agent import crash_worker
-from tests.agent.conftest import IN_CHANNEL, Clock, gemini_workflow
+from tests.agent.conftest import IN_CHANNEL, Clock, Recorder, gemini_workflow
 from tests.conftest import pg_test_url
 from tests.fakes.gemini import FakeGemini, function_call, text as gemini_text
 from tests.fakes.scripted_model import ScriptedModel, text, tool_responses
@@ -135,7 +136,7 @@ class Recovery:
     model: ScriptedModel
 
 
-def replica(sessions: SessionFactory, clock: Clock) -> Recovery:
+def replica(sessions: SessionFactory, clock: Clock, observer: Observer | None = None) -> Recovery:
     model = ScriptedModel()
     model.script(echo_tool_results)
     workflow = build_workflow(
@@ -145,6 +146,7 @@ def replica(sessions: SessionFactory, clock: Clock) -> Recovery:
         clock=clock,
         new_id=new_uuid,
         setup=model.register,
+        observer=observer,
     )
     return Recovery(workflow, model)
 
@@ -199,7 +201,8 @@ async def test_crash_while_the_tool_runs_reports_an_unknown_outcome(
     assert (entry["to"], entry["key"]) == ("hang", approval_id)
 
     clock = Clock()
-    r = replica(pg_sessions, clock)
+    seen = Recorder()
+    r = replica(pg_sessions, clock, seen)
     # The worker's lease is still live: nobody may take the turn from it yet.
     assert (await sweep(r.workflow, team)).resumed == ()
     clock.advance(hours=1)  # past the dead worker's lease, without waiting for it
@@ -213,6 +216,7 @@ async def test_crash_while_the_tool_runs_reports_an_unknown_outcome(
     assert isinstance(settled.decision, Approved)
     actions = [e.action for e in await r.workflow.audit_trail(team)]
     assert "execution_started" in actions and "executed" not in actions
+    assert seen.executions == [("transferMoney", "unknown")]
 
 
 async def test_crash_after_the_tool_finished_replays_the_recorded_output(

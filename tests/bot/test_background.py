@@ -30,9 +30,11 @@ async def test_at_most_limit_pieces_run_at_once_and_the_rest_wait_in_order() -> 
     await asyncio.wait_for(three_started.wait(), timeout=5)
     # Spawned together, every task allowed to start took its first step before this resumed.
     assert started == [0, 1, 2] and not background.has_room()
+    assert background.waiting == 7  # greenlight_queue_depth
     release.set()
     assert await background.drain(5) == 0
     assert peak == 3 and started == list(range(10))
+    assert background.waiting == 0
 
 
 async def test_drain_cuts_off_running_and_waiting_work() -> None:

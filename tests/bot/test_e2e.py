@@ -644,3 +644,6 @@ async def test_socket_mode_acks_envelopes_and_replies_in_thread(
         client = SlackClient(http, socket_service, fake_slack)
         assert (await client.send(mention))[0] == 404
         assert await client.get("/healthz") == (200, {"ok": True})
+        async with http.get(f"{client.base}/metrics") as metrics:
+            assert metrics.status == 200
+            assert 'greenlight_turns_total{outcome="reply"} 1.0' in await metrics.text()

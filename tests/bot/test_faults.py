@@ -292,8 +292,14 @@ class BotProcess:
 
 @contextlib.asynccontextmanager
 async def bot_process(
-    name: str, fake_slack: FakeSlack, gemini: FakeGemini, database: str, tmp: Path
+    name: str,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    database: str,
+    tmp: Path,
+    **settings: str,
 ) -> AsyncIterator[BotProcess]:
+    """`settings`: more environment variables (LOG_FORMAT="json", say)."""
     port = free_port()
     env = dict(os.environ)
     env.pop("GENKIT_ENV", None)  # no Genkit reflection server in the bot
@@ -311,6 +317,7 @@ async def bot_process(
         RECOVERY_INTERVAL_SECONDS="0.5",
         GREENLIGHT_TEST_LEDGER=str(ledger_tools.ledger_path()),
         PYTHONPATH=str(REPO),
+        **settings,
     )
     log = tmp / f"bot-{name}.log"
     with log.open("wb") as out:
