@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 
 from genkit.exp import Genkit
 
-from agent.approval import Outside, approval_middleware
+from agent.approval import Outside, ToolTimeouts, approval_middleware
 from agent.files import FileTools
 from agent.policy import PolicyDefaults, PolicyService
 from agent.runtime import AgentConfig, Preview, build_runtime
-from agent.workflow import Workflow
+from agent.workflow import LEASE, Workflow
 from storage.approval_store import ApprovalStore
 from storage.db import SessionFactory
 from storage.policies import PolicyStore
@@ -36,8 +36,9 @@ def build_workflow(
     defaults: PolicyDefaults | None = None,
     clock: Callable[[], datetime] = utc_now,
     new_id: Callable[[], str] = new_uuid,
-    lease: timedelta = timedelta(minutes=2),
+    lease: timedelta = LEASE,
     turn_timeout: timedelta = timedelta(minutes=5),
+    tool_timeouts: ToolTimeouts = ToolTimeouts(),
     setup: Callable[[Genkit], None] | None = None,
     outside: Outside = contextlib.nullcontext,
     files: FileTools | None = None,
@@ -64,6 +65,7 @@ def build_workflow(
         new_id=new_id,
         clock=clock,
         outside=outside,
+        timeouts=tool_timeouts,
     )
     runtime = build_runtime(
         config,
@@ -84,4 +86,5 @@ def build_workflow(
         new_id=new_id,
         lease=lease,
         turn_timeout=turn_timeout,
+        tool_timeouts=tool_timeouts,
     )

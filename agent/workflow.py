@@ -21,6 +21,7 @@ from genkit import Part
 from genkit.exp import AgentChat, AgentFinishReason, AgentInput, AgentInterrupt, AgentResponse
 
 from agent.approval import (
+    ToolTimeouts,
     TurnScope,
     current_scope,
     input_errors,
@@ -73,6 +74,10 @@ from storage.session_store import current_team
 log = logging.getLogger(__name__)
 
 MAX_RESUME_ATTEMPTS = 3
+# A resume's lease, renewed every third of it: a process that dies holds its turn this long at
+# most, and one failed renewal (a dropped connection) leaves two more tries before it lapses.
+LEASE = timedelta(seconds=15)
+RENEW_RETRY = timedelta(seconds=1)  # after a failed renewal, the next try
 RETRY_DELAY = timedelta(seconds=30)
 CARD_GRACE = timedelta(minutes=1)
 EVENTS_KEPT = timedelta(days=1)  # Slack retries for minutes, not days
@@ -196,11 +201,13 @@ class Workflow:
         policies: PolicyService,
         clock: Callable[[], datetime],
         new_id: Callable[[], str],
-        lease: timedelta = timedelta(minutes=2),
+        lease: timedelta = LEASE,
         turn_timeout: timedelta = timedelta(minutes=5),
+        tool_timeouts: ToolTimeouts = ToolTimeouts(),
     ) -> None:
         self._runtime = runtime
         self._turn_timeout = turn_timeout
+        self._tool_timeouts = tool_timeouts
         self._store = store
         self._policies = policies
         self._clock = clock
@@ -257,6 +264,9 @@ class Workflow:
                 on_text,
                 lambda c: c.send_stream(AgentInput(message=message)),
             )
+        except asyncio.CancelledError:  # a clean shutdown cut it off: free the thread now
+            await self._store.release_thread(held.conversation_id, snapshot_id=None)
+            raise
         except Exception:
             log.exception("turn failed in conversation %s", held.conversation_id)
             await self._store.release_thread(held.conversation_id, snapshot_id=None)
@@ -294,6 +304,10 @@ class Workflow:
                 on_text,
                 lambda c: c.resume_stream(respond=respond, restart=restart),
             )
+        except asyncio.CancelledError:
+            heartbeat.cancel()
+            await self._let_go(claim)
+            raise
         except Exception:
             log.exception("resume of turn %s failed (attempt %d)", turn_id, claim.attempt)
             return await self._resume_failed(claim)
@@ -619,7 +633,8 @@ class Workflow:
         agent = self._runtime.agent
         chat = agent.chat(snapshot_id=snapshot_id) if snapshot_id else agent.chat()
         # A model that never answers must not hold the thread (or a resume lease) forever.
-        async with asyncio.timeout(self._turn_timeout.total_seconds()):
+        # Approved calls run under their own timeout meanwhile (agent/approval.py ModelTime).
+        async with scope.model_time.limit(self._turn_timeout.total_seconds()):
             with _scoped(scope):
                 turn = start(chat)
                 try:
@@ -718,7 +733,11 @@ class Workflow:
         for approval in edited:
             tool = self._runtime.tools.get(approval.request.tool)
             await run_edited(
-                self._store, tool.action() if tool else None, approval, clock=self._clock
+                self._store,
+                tool.action() if tool else None,
+                approval,
+                clock=self._clock,
+                timeout=self._tool_timeouts.of(approval.request.tool),
             )
         return await self._store.turn_approvals(claim.turn_id) if edited else claim.approvals
 
@@ -739,15 +758,34 @@ class Workflow:
         return Resumed(Failed(claim.thread, retrying=retrying), settled)
 
     async def _keep_lease(self, claim: Claim) -> None:
-        """Renew the lease while the resume runs; stop once another process has the turn."""
+        """Renew the lease while the resume runs (a tool that runs for long included); stop
+        only once another process has the turn. A failed renewal (the database dropped the
+        connection, or refused it for a moment) is retried soon: the lease it renewed last
+        still has two thirds of its time to run."""
+        every = self._lease.total_seconds() / 3
+        wait = every
         while True:
-            await asyncio.sleep(self._lease.total_seconds() / 3)
+            await asyncio.sleep(wait)
             try:
                 await self._store.renew(claim, until=self._clock() + self._lease)
             except IllegalTransition:
+                log.error("turn %s lost its lease: another process resumes it", claim.turn_id)
                 return
             except Exception:  # a database hiccup: the lease may still be renewed next time
                 log.warning("could not renew the lease of turn %s", claim.turn_id, exc_info=True)
+                wait = min(RENEW_RETRY.total_seconds(), every)
+            else:
+                wait = every
+
+    async def _let_go(self, claim: Claim) -> None:
+        """A clean shutdown cut this resume off: hand the turn back (LET_GO), so the next
+        sweep (here or in another replica) resumes it at once, not when the lease runs out."""
+        try:
+            await self._store.let_go(claim, now=self._clock())
+        except IllegalTransition:
+            log.debug("turn %s was taken over before it was let go", claim.turn_id)
+        except Exception:  # its lease runs out instead
+            log.warning("could not let go of turn %s", claim.turn_id, exc_info=True)
 
 
 def resume_parts(

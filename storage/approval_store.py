@@ -42,6 +42,7 @@ from storage.lifecycle import (
     EXPIRE,
     FINISH_EXECUTION,
     GIVE_UP,
+    LET_GO,
     OPEN_TURN,
     PAUSE,
     REMIND,
@@ -251,6 +252,7 @@ CLAIM_TURN = Atomic(
     read=_approvals_of,
 )
 RENEW_LEASE = write(RENEW, lease_until=sa.bindparam("lease"))
+LET_GO_OF = write(LET_GO, lease_until=None, updated_at=NOW)
 RECOVERABLE = sa.select(T.c.id).where(guard(CLAIM))
 # The thread freed; the next message continues from `snapshot` when given.
 RELEASE = (
@@ -427,6 +429,14 @@ class ApprovalStore:
         async with autocommit(self._sessions) as db:
             if (await db.execute(RENEW_LEASE, values)).first() is None:
                 raise await _refusal(db, RENEW, _EXPLAIN_TURN, values)
+
+    async def let_go(self, claim: Claim, *, now: datetime) -> None:
+        """LET_GO of the claim: the turn waits again, for the next sweep to CLAIM at once
+        (IllegalTransition once another took over)."""
+        values = _claimed(claim) | {"now": now}
+        async with autocommit(self._sessions) as db:
+            if (await db.execute(LET_GO_OF, values)).first() is None:
+                raise await _refusal(db, LET_GO, _EXPLAIN_TURN, values)
 
     async def complete(
         self, claim: Claim, *, now: datetime, snapshot_id: str | None
