@@ -74,6 +74,9 @@ class ToolTimeouts:
         return self.tools.get(tool, self.default).total_seconds()
 
 
+DEFAULT_TOOL_TIMEOUTS = ToolTimeouts()  # every tool: 15 minutes
+
+
 class ModelTime:
     """The model-turn timeout of one turn, stopped while approved calls run (each has its own,
     ToolTimeouts): the turn's limit is on the time spent outside them."""
@@ -170,7 +173,7 @@ def approval_middleware(
     new_id: Callable[[], str],
     clock: Callable[[], datetime],
     outside: Outside = contextlib.nullcontext,
-    timeouts: ToolTimeouts = ToolTimeouts(),
+    timeouts: ToolTimeouts = DEFAULT_TOOL_TIMEOUTS,
 ) -> type[BaseMiddleware[Any]]:
     """Build the middleware class bound to this application's store and policy.
 
@@ -360,14 +363,14 @@ async def run_edited(
     approval: Approval,
     *,
     clock: Callable[[], datetime],
-    timeout: float,
+    seconds: float,
 ) -> None:
     """Run an approved call with its approver's changes, at most once: Genkit refuses a
     restart whose input differs, so the workflow runs it here, behind the same gate as
     `run_approved` (START_EXECUTION first, FINISH_EXECUTION with the output). The tool sees
     the approval id (`resumed_metadata`) and the input it was asked for (`original_input`).
     Only a call whose start is recorded here runs; any other caller changes nothing. One
-    that runs past `timeout` seconds is stopped and stays "started" (outcome unknown)."""
+    that runs past `seconds` is stopped and stays "started" (outcome unknown)."""
     assert approval.edit is not None
     try:
         await store.start_execution(approval, now=clock())
@@ -379,7 +382,7 @@ async def run_edited(
         tool_request=ToolRequest(name=r.tool, ref=r.ref or None, input=approval.edit.input),
         metadata={"resumed": meta, "replacedInput": r.input},
     )
-    limit = asyncio.timeout(timeout)
+    limit = asyncio.timeout(seconds)
     try:
         if tool is None:
             raise LookupError(f"the agent no longer has {r.tool}")
@@ -388,7 +391,7 @@ async def run_edited(
         output = jsonable(raw.output if isinstance(raw, MultipartToolResponse) else raw)
     except Exception:
         if limit.expired():
-            log.error("approved tool %s ran past %gs (approval %s)", r.tool, timeout, approval.id)
+            log.error("approved tool %s ran past %gs (approval %s)", r.tool, seconds, approval.id)
             return
         log.exception("approved tool %s failed with changes (approval %s)", r.tool, approval.id)
         output = {"ok": False, "error": f"the tool {r.tool} failed; it may need a retry"}

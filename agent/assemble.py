@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 from genkit.exp import Genkit
 
-from agent.approval import Outside, ToolTimeouts, approval_middleware
+from agent.approval import DEFAULT_TOOL_TIMEOUTS, Outside, ToolTimeouts, approval_middleware
 from agent.files import FileTools
 from agent.policy import PolicyDefaults, PolicyService
 from agent.runtime import AgentConfig, Preview, build_runtime
@@ -38,7 +38,7 @@ def build_workflow(
     new_id: Callable[[], str] = new_uuid,
     lease: timedelta = LEASE,
     turn_timeout: timedelta = timedelta(minutes=5),
-    tool_timeouts: ToolTimeouts = ToolTimeouts(),
+    tool_timeouts: ToolTimeouts = DEFAULT_TOOL_TIMEOUTS,
     setup: Callable[[Genkit], None] | None = None,
     outside: Outside = contextlib.nullcontext,
     files: FileTools | None = None,

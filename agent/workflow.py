@@ -21,6 +21,7 @@ from genkit import Part
 from genkit.exp import AgentChat, AgentFinishReason, AgentInput, AgentInterrupt, AgentResponse
 
 from agent.approval import (
+    DEFAULT_TOOL_TIMEOUTS,
     ToolTimeouts,
     TurnScope,
     current_scope,
@@ -203,7 +204,7 @@ class Workflow:
         new_id: Callable[[], str],
         lease: timedelta = LEASE,
         turn_timeout: timedelta = timedelta(minutes=5),
-        tool_timeouts: ToolTimeouts = ToolTimeouts(),
+        tool_timeouts: ToolTimeouts = DEFAULT_TOOL_TIMEOUTS,
     ) -> None:
         self._runtime = runtime
         self._turn_timeout = turn_timeout
@@ -737,7 +738,7 @@ class Workflow:
                 tool.action() if tool else None,
                 approval,
                 clock=self._clock,
-                timeout=self._tool_timeouts.of(approval.request.tool),
+                seconds=self._tool_timeouts.of(approval.request.tool),
             )
         return await self._store.turn_approvals(claim.turn_id) if edited else claim.approvals
 
