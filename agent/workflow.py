@@ -243,8 +243,9 @@ class Workflow:
             author=requester,
             new_id=self._new_id(),
             now=now,
-            # Held for as long as the turn may run, so a second message never forks it.
-            until=now + self._turn_timeout + self._lease,
+            # Held while the turn runs (renewed by a heartbeat), so a second message never
+            # forks it; a process that dies holds it one lease at most.
+            until=now + self._lease,
         )
         if held is None:
             waiting = await self._store.waiting_on(thread)
@@ -258,6 +259,7 @@ class Workflow:
             return Busy(thread, waiting)
         scope = TurnScope(thread.team_id, requester, participants=held.participants)
         message = human_message(text, by=requester, at=now)
+        heartbeat = asyncio.create_task(self._keep_thread(held.conversation_id))
         try:
             out = await self._run(
                 scope,
@@ -266,12 +268,15 @@ class Workflow:
                 lambda c: c.send_stream(AgentInput(message=message)),
             )
         except asyncio.CancelledError:  # a clean shutdown cut it off: free the thread now
+            heartbeat.cancel()
             await self._store.release_thread(held.conversation_id, snapshot_id=None)
             raise
         except Exception:
             log.exception("turn failed in conversation %s", held.conversation_id)
             await self._store.release_thread(held.conversation_id, snapshot_id=None)
             return Failed(thread)
+        finally:
+            heartbeat.cancel()
         if out.finish_reason == AgentFinishReason.INTERRUPTED:
             turn, approvals = await self._paused(held.conversation_id, thread, scope, out)
             await self._store.pause(turn, approvals)
@@ -760,20 +765,40 @@ class Workflow:
 
     async def _keep_lease(self, claim: Claim) -> None:
         """Renew the lease while the resume runs (a tool that runs for long included); stop
-        only once another process has the turn. A failed renewal (the database dropped the
-        connection, or refused it for a moment) is retried soon: the lease it renewed last
-        still has two thirds of its time to run."""
+        only once another process has the turn."""
+
+        async def renew(until: datetime) -> bool:
+            try:
+                await self._store.renew(claim, until=until)
+            except IllegalTransition:
+                log.error("turn %s lost its lease: another process resumes it", claim.turn_id)
+                return False
+            return True
+
+        await self._heartbeat(renew, f"the lease of turn {claim.turn_id}")
+
+    async def _keep_thread(self, conversation_id: str) -> None:
+        """Hold the thread while a new message's turn runs; a process that dies leaves it
+        held one lease at most."""
+
+        async def keep(until: datetime) -> bool:
+            return await self._store.keep_thread(conversation_id, until=until)
+
+        await self._heartbeat(keep, f"the thread of conversation {conversation_id}")
+
+    async def _heartbeat(self, renew: Callable[[datetime], Awaitable[bool]], what: str) -> None:
+        """Renew every third of the lease until `renew` says it is lost (False). A failed
+        renewal (the database dropped the connection, or refused it for a moment) is retried
+        soon: the last one renewed still has two thirds of its time to run."""
         every = self._lease.total_seconds() / 3
         wait = every
         while True:
             await asyncio.sleep(wait)
             try:
-                await self._store.renew(claim, until=self._clock() + self._lease)
-            except IllegalTransition:
-                log.error("turn %s lost its lease: another process resumes it", claim.turn_id)
-                return
+                if not await renew(self._clock() + self._lease):
+                    return
             except Exception:  # a database hiccup: the lease may still be renewed next time
-                log.warning("could not renew the lease of turn %s", claim.turn_id, exc_info=True)
+                log.warning("could not renew %s", what, exc_info=True)
                 wait = min(RENEW_RETRY.total_seconds(), every)
             else:
                 wait = every

@@ -312,6 +312,12 @@ TAKE_THREAD = (
     .values(busy_until=sa.bindparam("until"))
     .returning(C.c.id, C.c.snapshot_id, C.c.participants)
 )
+# A running turn's hold, renewed while the turn runs; a hold already let go stays free.
+KEEP_THREAD = (
+    sa.update(C)
+    .where(C.c.id == sa.bindparam("conversation"), C.c.busy_until.is_not(None))
+    .values(busy_until=sa.bindparam("until", type_=C.c.busy_until.type))
+)
 # Only the thread's holder writes it, so a whole new list loses nobody.
 SET_PARTICIPANTS = (
     sa.update(C)
@@ -384,6 +390,12 @@ class ApprovalStore:
             async with autocommit(self._sessions) as db:
                 await db.execute(SET_PARTICIPANTS, {"conversation": row.id, "people": list(people)})
         return HeldThread(row.id, row.snapshot_id, people)
+
+    async def keep_thread(self, conversation_id: str, *, until: datetime) -> bool:
+        """Hold the thread for the turn running in it until `until`; False once it was freed."""
+        async with autocommit(self._sessions) as db:
+            kept = await db.execute(KEEP_THREAD, {"conversation": conversation_id, "until": until})
+        return _count(kept) == 1
 
     async def release_thread(self, conversation_id: str, *, snapshot_id: str | None) -> None:
         """Free the thread; the next message continues from `snapshot_id` when given."""

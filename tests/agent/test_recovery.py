@@ -92,6 +92,26 @@ def ledger(tool: str = "transferMoney") -> list[dict[str, object]]:
     return [e for e in ledger_tools.entries() if e["tool"] == tool]
 
 
+class SlowModel:
+    """A model call that answers only once the test lets it. Genkit finishes a turn whose
+    consumer was cancelled in the background, so each test lets it end before it ends."""
+
+    def __init__(self) -> None:
+        self.answering = asyncio.Event()
+        self.release = asyncio.Event()
+        self.done = False
+
+    async def __call__(self, request: ModelRequest[Any]) -> ModelResponse:
+        self.answering.set()
+        await self.release.wait()
+        self.done = True
+        return text("too late")
+
+    async def finish(self) -> None:
+        self.release.set()
+        await poll(lambda: self.done, "the cut-off model call's end", timeout=10)
+
+
 async def turn_row(engine: AsyncEngine, turn_id: str) -> TurnRow:
     async with make_session_factory(engine)() as db:
         return await db.get_one(TurnRow, turn_id)
@@ -190,22 +210,18 @@ async def test_the_heartbeat_survives_dropped_connections_and_the_turn_completes
 
 
 async def test_a_resume_cut_off_by_shutdown_is_let_go_and_the_next_sweep_takes_it_at_once(
-    engine: AsyncEngine, pg_engine: AsyncEngine, team: str
+    pg_engine: AsyncEngine, team: str
 ) -> None:
-    answering = asyncio.Event()
-
-    async def still_answering(request: ModelRequest[Any]) -> ModelResponse:
-        answering.set()
-        await asyncio.Event().wait()
-        raise AssertionError("unreachable")
+    engine = pg_engine  # alive for as long as the cut-off turn's background may write
+    slow = SlowModel()
 
     model = ScriptedModel()
-    model.script(transfer("12345"), still_answering)
+    model.script(transfer("12345"), slow)
     w = workflow(engine, model)  # the default lease: 15 s
     turn_id = await approved_transfer(w, team, "12345")
     resume = asyncio.create_task(w.continue_turn(turn_id))
     async with asyncio.timeout(10):
-        await answering.wait()  # the tool ran; the model is answering
+        await slow.answering.wait()  # the tool ran; the model is answering
     resume.cancel()  # what Background.drain does once the shutdown grace is over
     with pytest.raises(asyncio.CancelledError):
         await resume
@@ -222,28 +238,26 @@ async def test_a_resume_cut_off_by_shutdown_is_let_go_and_the_next_sweep_takes_i
     assert len(ledger()) == 1
     row = await turn_row(engine, turn_id)
     assert (row.state, row.attempts) == (TurnState.DONE, 2)
+    await slow.finish()
 
 
 async def test_a_first_turn_cut_off_by_shutdown_frees_its_thread(
-    engine: AsyncEngine, team: str
+    pg_engine: AsyncEngine, team: str
 ) -> None:
-    answering = asyncio.Event()
-
-    async def still_answering(request: ModelRequest[Any]) -> ModelResponse:
-        answering.set()
-        await asyncio.Event().wait()
-        raise AssertionError("unreachable")
+    engine = pg_engine
+    slow = SlowModel()
 
     model = ScriptedModel()
-    model.script(still_answering, text("here now"))
+    model.script(slow, text("here now"))
     w = workflow(engine, model)
     thread = Thread(team, "D0RECOVER", "2.1")
     turn = asyncio.create_task(w.start_turn(thread, "U_EMP", "hello"))
     async with asyncio.timeout(10):
-        await answering.wait()
+        await slow.answering.wait()
     turn.cancel()
     with pytest.raises(asyncio.CancelledError):
         await turn
     # Not "busy" for the turn timeout: the next message runs at once.
     assert await w.start_turn(thread, "U_EMP", "hello?") == Reply(thread, "here now")
-    await poll(lambda: len(model.requests) == 2, "the second turn's model call", timeout=5)
+    assert len(model.requests) == 2
+    await slow.finish()
