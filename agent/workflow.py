@@ -75,10 +75,11 @@ from storage.session_store import current_team
 log = logging.getLogger(__name__)
 
 MAX_RESUME_ATTEMPTS = 3
-# A resume's lease, renewed every third of it: a process that dies holds its turn this long at
-# most, and one failed renewal (a dropped connection) leaves two more tries before it lapses.
+# A resume's lease (and a running turn's hold on its thread), renewed every third of it: a
+# process that dies holds its turn this long at most. A failed renewal (a dropped connection)
+# is tried again every RENEW_RETRY, with two thirds of the lease still to run.
 LEASE = timedelta(seconds=15)
-RENEW_RETRY = timedelta(seconds=1)  # after a failed renewal, the next try
+RENEW_RETRY = timedelta(seconds=1)
 RETRY_DELAY = timedelta(seconds=30)
 CARD_GRACE = timedelta(minutes=1)
 EVENTS_KEPT = timedelta(days=1)  # Slack retries for minutes, not days
