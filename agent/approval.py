@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, assert_never
 
 from genkit import Action, GenkitError, Message, Part, ToolRequest
@@ -45,7 +45,8 @@ UNKNOWN_OUTCOME = {
     "ok": False,
     "error": (
         "outcome unknown: the approved call started but its result was never recorded "
-        "(the process stopped). It was not run again; a human must check whether it took effect."
+        "(the process stopped, or the call ran past its time limit). It was not run again; "
+        "a human must check whether it took effect."
     ),
 }
 
@@ -57,6 +58,67 @@ class ModelCalls:
     on the model (an outage), not on a tool or on us."""
 
     unanswered: bool = False
+
+
+def cut_off(tool: str, seconds: float) -> dict[str, Any]:
+    """What the model gets for an approved call stopped by its own timeout."""
+    return {
+        "ok": False,
+        "error": (
+            f"{tool} did not finish within {seconds:g} seconds and was stopped: its outcome "
+            "is unknown. It was not run again; a human must check whether it took effect."
+        ),
+    }
+
+
+@dataclass(frozen=True)
+class ToolTimeouts:
+    """How long an approved call may run before it is stopped (TOOL_TIMEOUT_SECONDS, or its
+    tool's `tool_timeout` in POLICY_FILE). Not the model-turn timeout: that one stops while
+    an approved call runs, so a long tool is never cut off by it."""
+
+    default: timedelta = timedelta(minutes=15)
+    tools: Mapping[str, timedelta] = field(default_factory=dict)
+
+    def of(self, tool: str) -> float:
+        return self.tools.get(tool, self.default).total_seconds()
+
+
+DEFAULT_TOOL_TIMEOUTS = ToolTimeouts()  # every tool: 15 minutes
+
+
+class ModelTime:
+    """The model-turn timeout of one turn, stopped while approved calls run (each has its own,
+    ToolTimeouts): the turn's limit is on the time spent outside them."""
+
+    def __init__(self) -> None:
+        self._timeout: asyncio.Timeout | None = None
+        self._running = 0  # approved calls running now (Genkit may run them in parallel)
+        self._left: float | None = None
+
+    @contextlib.asynccontextmanager
+    async def limit(self, seconds: float) -> AsyncIterator[None]:
+        async with asyncio.timeout(seconds) as self._timeout:
+            yield
+
+    @contextlib.contextmanager
+    def stopped(self) -> Iterator[None]:
+        timeout = self._timeout
+        if timeout is None or timeout.expired():  # no limit, or it already fired
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        if self._running == 0:
+            when = timeout.when()
+            self._left = None if when is None else max(when - loop.time(), 0.0)
+            timeout.reschedule(None)
+        self._running += 1
+        try:
+            yield
+        finally:
+            self._running -= 1
+            if self._running == 0 and self._left is not None and not timeout.expired():
+                timeout.reschedule(loop.time() + self._left)
 
 
 @dataclass(frozen=True)
@@ -73,6 +135,7 @@ class TurnScope:
     # The conversation as the model last saw it, its answer included.
     conversation: list[Message] = field(default_factory=list)
     model: ModelCalls = field(default_factory=ModelCalls)
+    model_time: ModelTime = field(default_factory=ModelTime)
 
 
 @dataclass(frozen=True)
@@ -122,6 +185,7 @@ def approval_middleware(
     clock: Callable[[], datetime],
     outside: Outside = contextlib.nullcontext,
     observer: Observer | None = None,
+    timeouts: ToolTimeouts = DEFAULT_TOOL_TIMEOUTS,
 ) -> type[BaseMiddleware[Any]]:
     """Build the middleware class bound to this application's store and policy.
 
@@ -157,9 +221,12 @@ def approval_middleware(
             await store.start_execution(approval, now=clock())
         except IllegalTransition as refused:
             return MultipartToolResponse(output=answer_from_record(refused, tool))
+        seconds = timeouts.of(tool)
+        limit = asyncio.timeout(seconds)
         try:
-            async with outside():
-                result = await next_fn(params, ctx)
+            with scope.model_time.stopped():
+                async with outside(), limit:
+                    result = await next_fn(params, ctx)
             output = jsonable(result.output)
         except Exception as exc:
             if asking(exc) is not None:
@@ -170,6 +237,16 @@ def approval_middleware(
                     "error": f"{tool} asked for more input after it was approved and did not "
                     "run. Ask the person with askHuman, then call it again.",
                 }
+            elif limit.expired():  # stopped mid-call: it stays "started", its outcome unknown
+                log.error(
+                    "approved tool %s ran past %gs (approval %s)",
+                    tool,
+                    seconds,
+                    approval_id,
+                    extra={"approval_id": approval_id, "turn_id": approval.turn_id},
+                )
+                observer.executed(tool, "unknown")
+                return MultipartToolResponse(output=cut_off(tool, seconds))
             else:  # what the tool raised (Genkit wraps it in a GenkitError)
                 log.exception(
                     "approved tool %s failed (approval %s)",
@@ -319,12 +396,14 @@ async def run_edited(
     *,
     clock: Callable[[], datetime],
     observer: Observer,
+    seconds: float,
 ) -> None:
     """Run an approved call with its approver's changes, at most once: Genkit refuses a
     restart whose input differs, so the workflow runs it here, behind the same gate as
     `run_approved` (START_EXECUTION first, FINISH_EXECUTION with the output). The tool sees
     the approval id (`resumed_metadata`) and the input it was asked for (`original_input`).
-    Only a call whose start is recorded here runs; any other caller changes nothing."""
+    Only a call whose start is recorded here runs; any other caller changes nothing. One
+    that runs past `seconds` is stopped and stays "started" (outcome unknown)."""
     assert approval.edit is not None
     try:
         await store.start_execution(approval, now=clock())
@@ -336,10 +415,12 @@ async def run_edited(
         tool_request=ToolRequest(name=r.tool, ref=r.ref or None, input=approval.edit.input),
         metadata={"resumed": meta, "replacedInput": r.input},
     )
+    limit = asyncio.timeout(seconds)
     try:
         if tool is None:
             raise LookupError(f"the agent no longer has {r.tool}")
-        raw = await run_tool_request(tool=tool, tool_request_part=part)
+        async with limit:
+            raw = await run_tool_request(tool=tool, tool_request_part=part)
         output = jsonable(raw.output if isinstance(raw, MultipartToolResponse) else raw)
     except Exception:
         log.exception(
@@ -348,6 +429,10 @@ async def run_edited(
             approval.id,
             extra={"approval_id": approval.id, "turn_id": approval.turn_id},
         )
+        if limit.expired():
+            log.error("approved tool %s ran past %gs (approval %s)", r.tool, seconds, approval.id)
+            return
+        log.exception("approved tool %s failed with changes (approval %s)", r.tool, approval.id)
         output = {"ok": False, "error": f"the tool {r.tool} failed; it may need a retry"}
     await store.finish_execution(approval, output=output, now=clock())
     observer.executed(r.tool, execution_outcome(output))

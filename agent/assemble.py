@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 
 from genkit.exp import Genkit
 
-from agent.approval import Outside, approval_middleware
+from agent.approval import DEFAULT_TOOL_TIMEOUTS, Outside, ToolTimeouts, approval_middleware
 from agent.files import FileTools
 from agent.observer import Observer
 from agent.policy import PolicyDefaults, PolicyService
 from agent.runtime import AgentConfig, AgentRuntime, Preview, build_runtime
-from agent.workflow import Workflow
+from agent.workflow import LEASE, Workflow
 from storage.approval_store import ApprovalStore
 from storage.db import SessionFactory
 from storage.policies import PolicyStore
@@ -37,8 +37,9 @@ def build_workflow(
     defaults: PolicyDefaults | None = None,
     clock: Callable[[], datetime] = utc_now,
     new_id: Callable[[], str] = new_uuid,
-    lease: timedelta = timedelta(minutes=2),
+    lease: timedelta = LEASE,
     turn_timeout: timedelta = timedelta(minutes=5),
+    tool_timeouts: ToolTimeouts = DEFAULT_TOOL_TIMEOUTS,
     setup: Callable[[Genkit], None] | None = None,
     outside: Outside = contextlib.nullcontext,
     files: FileTools | None = None,
@@ -73,6 +74,7 @@ def build_workflow(
         clock=clock,
         outside=outside,
         observer=observer,
+        timeouts=tool_timeouts,
     )
     runtime = build_runtime(
         config,
@@ -93,4 +95,5 @@ def build_workflow(
         lease=lease,
         turn_timeout=turn_timeout,
         observer=observer,
+        tool_timeouts=tool_timeouts,
     )

@@ -75,7 +75,8 @@ class ToolSpec(_Strict):
     channel: Channel | None = None
     approvers: Principals | None = None
     approvals: Quorum | None = None
-    timeout: Duration | None = None
+    timeout: Duration | None = None  # to decide (the approval's)
+    tool_timeout: Duration | None = None  # to run, once approved (else TOOL_TIMEOUT_SECONDS)
     remind_after: Duration | None = None
     escalate_after: Duration | None = None
     escalate_to: Channel | None = None
@@ -137,6 +138,12 @@ def load(path: Path) -> PolicyFile:
                     f"{path}, line {where}: the rule's `when` does not compile: {problem}"
                 ) from None
     return policy
+
+
+def tool_timeouts(policy: PolicyFile | None) -> dict[str, timedelta]:
+    """Each tool's own `tool_timeout`, where the file sets one."""
+    tools = policy.tools if policy else {}
+    return {t: spec.tool_timeout for t, spec in tools.items() if spec.tool_timeout is not None}
 
 
 def member_channels(policy: PolicyFile) -> dict[str, str]:

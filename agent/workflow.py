@@ -29,6 +29,8 @@ from genkit.exp import (
 )
 
 from agent.approval import (
+    DEFAULT_TOOL_TIMEOUTS,
+    ToolTimeouts,
     TurnScope,
     current_scope,
     input_errors,
@@ -82,6 +84,11 @@ from storage.session_store import current_team
 log = logging.getLogger(__name__)
 
 MAX_RESUME_ATTEMPTS = 3
+# A resume's lease (and a running turn's hold on its thread), renewed every third of it: a
+# process that dies holds its turn this long at most. A failed renewal (a dropped connection)
+# is tried again every RENEW_RETRY, with two thirds of the lease still to run.
+LEASE = timedelta(seconds=15)
+RENEW_RETRY = timedelta(seconds=1)
 RETRY_DELAY = timedelta(seconds=30)
 CARD_GRACE = timedelta(minutes=1)
 EVENTS_KEPT = timedelta(days=1)  # Slack retries for minutes, not days
@@ -241,13 +248,15 @@ class Workflow:
         policies: PolicyService,
         clock: Callable[[], datetime],
         new_id: Callable[[], str],
-        lease: timedelta = timedelta(minutes=2),
+        lease: timedelta = LEASE,
         turn_timeout: timedelta = timedelta(minutes=5),
         observer: Observer | None = None,
+        tool_timeouts: ToolTimeouts = DEFAULT_TOOL_TIMEOUTS,
     ) -> None:
         self._runtime = runtime
         self._observer = observer or Observer()
         self._turn_timeout = turn_timeout
+        self._tool_timeouts = tool_timeouts
         self._store = store
         self._policies = policies
         self._clock = clock
@@ -298,8 +307,9 @@ class Workflow:
             author=requester,
             new_id=self._new_id(),
             now=now,
-            # Held for as long as the turn may run, so a second message never forks it.
-            until=now + self._turn_timeout + self._lease,
+            # Held while the turn runs (renewed by a heartbeat), so a second message never
+            # forks it; a process that dies holds it one lease at most.
+            until=now + self._lease,
         )
         if held is None:
             waiting = await self._store.waiting_on(thread)
@@ -313,6 +323,7 @@ class Workflow:
             return Busy(thread, waiting)
         scope = TurnScope(thread.team_id, requester, participants=held.participants)
         message = human_message(text, by=requester, at=now, viewing=viewing)
+        heartbeat = asyncio.create_task(self._keep_thread(held.conversation_id))
         try:
             out = await self._run(
                 scope,
@@ -320,6 +331,10 @@ class Workflow:
                 _told(on_text, thread, requester),
                 lambda c: c.send_stream(AgentInput(message=message)),
             )
+        except asyncio.CancelledError:  # a clean shutdown cut it off: free the thread now
+            heartbeat.cancel()
+            await self._store.release_thread(held.conversation_id, snapshot_id=None)
+            raise
         except Exception:
             log.exception(
                 "turn failed in conversation %s",
@@ -328,6 +343,8 @@ class Workflow:
             )
             await self._store.release_thread(held.conversation_id, snapshot_id=None)
             return Failed(thread, model_unavailable=scope.model.unanswered)
+        finally:
+            heartbeat.cancel()
         if out.finish_reason == AgentFinishReason.INTERRUPTED:
             turn, approvals = await self._paused(held.conversation_id, thread, scope, out)
             await self._store.pause(turn, approvals)
@@ -362,6 +379,10 @@ class Workflow:
                 _told(on_text, thread, asked.requester),
                 lambda c: c.resume_stream(respond=respond, restart=restart),
             )
+        except asyncio.CancelledError:
+            heartbeat.cancel()
+            await self._let_go(claim)
+            raise
         except Exception:
             log.exception(
                 "resume of turn %s failed (attempt %d)",
@@ -794,7 +815,8 @@ class Workflow:
         agent = self._runtime.agent
         chat = agent.chat(snapshot_id=snapshot_id) if snapshot_id else agent.chat()
         # A model that never answers must not hold the thread (or a resume lease) forever.
-        async with asyncio.timeout(self._turn_timeout.total_seconds()):
+        # Approved calls run under their own timeout meanwhile (agent/approval.py ModelTime).
+        async with scope.model_time.limit(self._turn_timeout.total_seconds()):
             with _scoped(scope):
                 turn = start(chat)
                 try:
@@ -900,6 +922,7 @@ class Workflow:
                 approval,
                 clock=self._clock,
                 observer=self._observer,
+                seconds=self._tool_timeouts.of(approval.request.tool),
             )
         return await self._store.turn_approvals(claim.turn_id) if edited else claim.approvals
 
@@ -924,20 +947,54 @@ class Workflow:
         return Resumed(Failed(claim.thread, retrying, model_unavailable), settled)
 
     async def _keep_lease(self, claim: Claim) -> None:
-        """Renew the lease while the resume runs; stop once another process has the turn."""
-        while True:
-            await asyncio.sleep(self._lease.total_seconds() / 3)
+        """Renew the lease while the resume runs (a tool that runs for long included); stop
+        only once another process has the turn."""
+
+        async def renew(until: datetime) -> bool:
             try:
-                await self._store.renew(claim, until=self._clock() + self._lease)
+                await self._store.renew(claim, until=until)
             except IllegalTransition:
-                return
-            except Exception:  # a database hiccup: the lease may still be renewed next time
-                log.warning(
-                    "could not renew the lease of turn %s",
-                    claim.turn_id,
-                    exc_info=True,
-                    extra={"turn_id": claim.turn_id},
-                )
+                log.error("turn %s lost its lease: another process resumes it", claim.turn_id)
+                return False
+            return True
+
+        await self._heartbeat(renew, f"the lease of turn {claim.turn_id}")
+
+    async def _keep_thread(self, conversation_id: str) -> None:
+        """Hold the thread while a new message's turn runs; a process that dies leaves it
+        held one lease at most."""
+
+        async def keep(until: datetime) -> bool:
+            return await self._store.keep_thread(conversation_id, until=until)
+
+        await self._heartbeat(keep, f"the thread of conversation {conversation_id}")
+
+    async def _heartbeat(self, renew: Callable[[datetime], Awaitable[bool]], what: str) -> None:
+        """Renew every third of the lease until `renew` says it is lost (False). A failed
+        renewal (the database dropped the connection, or refused it for a moment) is retried
+        soon: the last one renewed still has two thirds of its time to run."""
+        every = self._lease.total_seconds() / 3
+        wait = every
+        while True:
+            await asyncio.sleep(wait)
+            try:
+                if not await renew(self._clock() + self._lease):
+                    return
+            except Exception:  # a database hiccup: the lease may still be renewed soon
+                log.warning("could not renew %s", what, exc_info=True)
+                wait = min(RENEW_RETRY.total_seconds(), every)
+            else:
+                wait = every
+
+    async def _let_go(self, claim: Claim) -> None:
+        """A clean shutdown cut this resume off: hand the turn back (LET_GO), so the next
+        sweep (here or in another replica) resumes it at once, not when the lease runs out."""
+        try:
+            await self._store.let_go(claim, now=self._clock())
+        except IllegalTransition:
+            log.debug("turn %s was taken over before it was let go", claim.turn_id)
+        except Exception:  # its lease runs out instead
+            log.warning("could not let go of turn %s", claim.turn_id, exc_info=True)
 
 
 def _from_model(chunk: AgentChunk[Any]) -> bool:

@@ -1,15 +1,18 @@
 """`python -m bench`: every benchmark, one combined summary, bench/results.json.
 
-    python -m bench [--only store|bot|policy] [--quick] [--database-url URL]
+    python -m bench [--only store|bot|policy|recovery] [--quick] [--database-url URL]
 
 - store: bench/session_store.py (bytes and time per save as a conversation grows);
 - bot: bench/bot.py (latency, throughput, acks under a burst, contention; against a bare
   Bolt + Genkit baseline);
-- policy: bench/policy.py (the cost of 20 CEL rules per tool call).
+- policy: bench/policy.py (the cost of 20 CEL rules per tool call);
+- recovery: bench/recovery.py (seconds from a replacement process being up to the turn a
+  killed or stopped bot left being completed).
 
 Each prints its own table and writes its own JSON (bench/results-*.json) as well. Without
 --database-url each creates a temporary PostgreSQL database on 127.0.0.1:5432 and drops it.
---quick runs fewer rounds of the bot benchmark (the store benchmark has one size).
+--quick runs fewer rounds of the bot benchmark and one SIGKILL run of the recovery benchmark
+(the store benchmark has one size).
 """
 
 from __future__ import annotations
@@ -59,6 +62,15 @@ def summary(results: dict[str, Any]) -> str:
         for name, t in (bot.get("targets") or {}).items():
             verdict = "met" if t["met"] else "MISSED"
             lines.append(f"  target {name:<45}{verdict:>12}  ({_fmt(t['value'])} vs {t['limit']})")
+    recovery = results.get("recovery")
+    if isinstance(recovery, dict):
+        lines.append("recovery (replacement up -> turn completed)")
+        for sig, r in recovery.items():
+            times = r["replacement_up_to_reply_s"]
+            verdict = "met" if r["met"] else "MISSED"
+            lines.append(
+                f"  after {sig:<46}{verdict:>12}  (max {_fmt(times['max'])} s vs {r['target_s']})"
+            )
     lines.append(f"elapsed: {results['elapsed_s']} s; written: {RESULTS}")
     return "\n".join(lines)
 
@@ -84,6 +96,11 @@ async def run(only: str | None, quick: bool, database_url: str | None) -> dict[s
 
         print("== bot ==", file=sys.stderr, flush=True)
         results["bot"] = await bot.run(database_url, quick=quick)
+    if only in (None, "recovery"):
+        from bench import recovery
+
+        print("== recovery ==", file=sys.stderr, flush=True)
+        results["recovery"] = await recovery.run(database_url, runs=1 if quick else 3)
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
     RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(summary(results))
@@ -92,7 +109,7 @@ async def run(only: str | None, quick: bool, database_url: str | None) -> dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("store", "bot", "policy"))
+    parser.add_argument("--only", choices=("store", "bot", "policy", "recovery"))
     parser.add_argument("--quick", action="store_true", help="fewer rounds (bot benchmark)")
     parser.add_argument("--database-url", help="an existing PostgreSQL database to use")
     args = parser.parse_args()

@@ -15,6 +15,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 KEEP_SLOT_FOR = 0.05  # seconds a piece waits outside before its slot goes to the next
+WIND_DOWN = 5.0  # seconds work cut off at shutdown has to hand back what it held
 
 
 class Background:
@@ -123,12 +124,17 @@ class Background:
                     await self._take(work)
 
     async def drain(self, grace: float) -> int:
-        """Wait for in-flight and waiting work; returns how many pieces were cut off."""
+        """Wait for in-flight and waiting work; returns how many pieces were cut off.
+
+        Work cut off is cancelled, then waited for (WIND_DOWN at most) while it hands back
+        what it held (a resume lets go of its turn), before the database closes."""
         if not self._tasks:
             return 0
         _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
         for task in pending:
             task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=WIND_DOWN)
         return len(pending)
 
 

@@ -25,6 +25,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import text
 
 from agent import policy_file as policy_files
+from agent.approval import ToolTimeouts
 from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.files import FileTools
 from agent.mcp_tools import McpServers, McpTools
@@ -273,6 +274,10 @@ class Service:
                 clock=utc_now,
                 new_id=new_uuid,
                 lease=timedelta(seconds=s.RESUME_LEASE_SECONDS),
+                tool_timeouts=ToolTimeouts(
+                    timedelta(seconds=s.TOOL_TIMEOUT_SECONDS),
+                    policy_files.tool_timeouts(policy_file),
+                ),
                 outside=background.outside,
                 files=FileTools(root=s.AGENT_FILES_ROOT, artifacts=s.AGENT_ARTIFACTS),
                 observer=self.metrics,
@@ -332,8 +337,9 @@ class Service:
             cut = await self.deps.background.drain(SHUTDOWN_GRACE)
             if cut:
                 log.warning(
-                    "shutdown cut off %d turns: the recovery sweep finishes approved ones; "
-                    "a message cut off before its answer gets none",
+                    "shutdown cut off %d turns: resumes were handed back for the next "
+                    "recovery sweep (any replica's) to finish; a message cut off before its "
+                    "answer gets none",
                     cut,
                 )
         if self.mcp is not None:

@@ -73,8 +73,9 @@ class Settings(BaseSettings):
     POLICY_FILE: Path | None = None
     ADMIN_USERS: Annotated[list[str], NoDecode] = Field(default_factory=list)
     APPROVAL_TIMEOUT_SECONDS: int = Field(default=24 * 3600, gt=0)
-    RECOVERY_INTERVAL_SECONDS: float = Field(default=30.0, gt=0)
-    RESUME_LEASE_SECONDS: float = Field(default=120.0, gt=0)
+    RECOVERY_INTERVAL_SECONDS: float = Field(default=5.0, gt=0)
+    RESUME_LEASE_SECONDS: float = Field(default=15.0, gt=0)
+    TOOL_TIMEOUT_SECONDS: float = Field(default=15 * 60.0, gt=0)  # an approved call's run
     MAX_CONCURRENT_TURNS: int = Field(default=8, ge=1, le=4096)
     LOG_LEVEL: str = "INFO"
     LOG_FORMAT: Literal["text", "json"] = "text"

@@ -42,6 +42,7 @@ from storage.lifecycle import (
     EXPIRE,
     FINISH_EXECUTION,
     GIVE_UP,
+    LET_GO,
     OPEN_TURN,
     PAUSE,
     REMIND,
@@ -264,6 +265,7 @@ CLAIM_TURN = Atomic(
     read=_approvals_of,
 )
 RENEW_LEASE = write(RENEW, lease_until=sa.bindparam("lease"))
+LET_GO_OF = write(LET_GO, lease_until=None, updated_at=NOW)
 RECOVERABLE = sa.select(T.c.id).where(guard(CLAIM))
 # The thread freed; the next message continues from `snapshot` when given.
 RELEASE = (
@@ -322,6 +324,12 @@ TAKE_THREAD = (
     .where(_THREAD, _idle)
     .values(busy_until=sa.bindparam("until"))
     .returning(C.c.id, C.c.snapshot_id, C.c.participants)
+)
+# A running turn's hold, renewed while the turn runs; a hold already let go stays free.
+KEEP_THREAD = (
+    sa.update(C)
+    .where(C.c.id == sa.bindparam("conversation"), C.c.busy_until.is_not(None))
+    .values(busy_until=sa.bindparam("until", type_=C.c.busy_until.type))
 )
 # Only the thread's holder writes it, so a whole new list loses nobody.
 SET_PARTICIPANTS = (
@@ -396,6 +404,12 @@ class ApprovalStore:
                 await db.execute(SET_PARTICIPANTS, {"conversation": row.id, "people": list(people)})
         return HeldThread(row.id, row.snapshot_id, people)
 
+    async def keep_thread(self, conversation_id: str, *, until: datetime) -> bool:
+        """Hold the thread for the turn running in it until `until`; False once it was freed."""
+        async with autocommit(self._sessions) as db:
+            kept = await db.execute(KEEP_THREAD, {"conversation": conversation_id, "until": until})
+        return _count(kept) == 1
+
     async def release_thread(self, conversation_id: str, *, snapshot_id: str | None) -> None:
         """Free the thread; the next message continues from `snapshot_id` when given."""
         async with autocommit(self._sessions) as db:
@@ -440,6 +454,14 @@ class ApprovalStore:
         async with autocommit(self._sessions) as db:
             if (await db.execute(RENEW_LEASE, values)).first() is None:
                 raise await _refusal(db, RENEW, _EXPLAIN_TURN, values)
+
+    async def let_go(self, claim: Claim, *, now: datetime) -> None:
+        """LET_GO of the claim: the turn waits again, for the next sweep to CLAIM at once
+        (IllegalTransition once another took over)."""
+        values = _claimed(claim) | {"now": now}
+        async with autocommit(self._sessions) as db:
+            if (await db.execute(LET_GO_OF, values)).first() is None:
+                raise await _refusal(db, LET_GO, _EXPLAIN_TURN, values)
 
     async def complete(
         self, claim: Claim, *, now: datetime, snapshot_id: str | None

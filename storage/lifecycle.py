@@ -11,6 +11,7 @@ States
     execution  not_started -> started -> finished           of an approved call only
     turn       waiting -> resuming -> done | failed         a turn paused on interrupts
                resuming -> resuming                         lease renewed, or taken over
+               resuming -> waiting (LET_GO)                 a stopping process hands it back
     card       posting -> posted | failed                   the approvers' card (an outbox)
                posting -> posting                           a sweep retries a cut-off post
     reminder   scheduled -> sent                            once, while still pending
@@ -25,10 +26,12 @@ Why an approved call runs at most once
        it.
     2. A turn is resumed only by whoever CLAIMs it, and only once no approval of it is
        pending: one resume answers every interrupt (Genkit fails a partial one after
-       running the approved tools in it). A claim holds a lease; a process that dies
-       leaves the lease to run out, and then another CLAIMs it (recovery). Each claim
-       bumps the turn's attempt number; RENEW and COMPLETE require the caller's own claim,
-       so a resume that lost its lease changes nothing.
+       running the approved tools in it). A claim holds a short lease, RENEWed while the
+       resume runs; a process that dies leaves the lease to run out, and then another
+       CLAIMs it (recovery); one that stops cleanly LETs GO of the resumes it cut off, so
+       the next sweep CLAIMs them at once. Each claim bumps the turn's attempt number;
+       RENEW, LET_GO and COMPLETE require the caller's own claim, so a resume that lost
+       its lease changes nothing.
     3. The tool runs only after START_EXECUTION (not_started -> started, of an approved
        approval of this very call) is committed; FINISH_EXECUTION records its output. A
        later resume of the same turn (recovery) answers a finished call with its recorded
@@ -304,6 +307,9 @@ ESCALATE = Transition(
     audit=Audit("escalated", "greenlight"),
 )
 RENEW = Transition("renew", Subject.TURN, {T.RESUMING: ()}, T.RESUMING, requires=(R.OWN_CLAIM,))
+# A resume cut off by a clean shutdown: back to waiting, so a sweep claims it without waiting
+# for the lease to run out. A call it started stays started (its outcome is unknown).
+LET_GO = Transition("let go", Subject.TURN, {T.RESUMING: ()}, T.WAITING, requires=(R.OWN_CLAIM,))
 COMPLETE = Transition("complete", Subject.TURN, {T.RESUMING: ()}, T.DONE, requires=(R.OWN_CLAIM,))
 GIVE_UP = Transition("give up", Subject.TURN, {T.RESUMING: ()}, T.FAILED, requires=(R.OWN_CLAIM,))
 
@@ -325,6 +331,7 @@ TRANSITIONS = (
     ESCALATE,
     CLAIM,
     RENEW,
+    LET_GO,
     COMPLETE,
     GIVE_UP,
 )

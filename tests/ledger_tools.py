@@ -47,6 +47,9 @@ def register(ai: Genkit) -> list[Tool]:
         if input.to_account == "hang":  # lets a crash test kill the process mid-call
             print("TOOL_STARTED", flush=True)
             await asyncio.Event().wait()
+        if input.to_account.startswith("slow-"):  # "slow-2.5": a call that takes 2.5 s
+            await asyncio.sleep(float(input.to_account.removeprefix("slow-")))
+            write({"tool": "transferMoney:finished", "to": input.to_account, "key": key})
         return {"success": True, "transactionId": f"txn-{key}"}
 
     @ai.tool(name="getBalance", description="Read an account's balance.")

@@ -12,6 +12,9 @@ Every phase starts a turn that asks for one transfer, approves it as another use
 - `finished`: resumes; the tool runs and "finished" is committed, then the model call that
   sees the tool's output prints MODEL_AFTER_TOOL and blocks (a crash before the snapshot).
 
+- `turn`: a new message's turn (no approval) whose model call prints MODEL_CALLED and blocks
+  (a crash while the thread is held for a running turn); it prints no DECIDED.
+
 Anything unexpected is printed as `UNEXPECTED ...` and the process exits non-zero. The worker
 also exits when its stdin reaches EOF, so it never outlives a test run that died without
 killing it.
@@ -34,7 +37,7 @@ from agent.workflow import AwaitingApproval, Thread
 from storage.db import make_engine, make_session_factory
 from tests.fakes.scripted_model import ScriptedModel, calls, text, tool_responses
 
-PHASES = ("decided", "started", "finished")
+PHASES = ("decided", "started", "finished", "turn")
 CHANNEL = "D0CRASH"
 REQUESTER = "U_EMP"
 APPROVER = "U_BOSS"
@@ -54,6 +57,11 @@ async def block_forever() -> NoReturn:
 
 def echo_tool_results(request: ModelRequest[Any]) -> ModelResponse:
     return text("results: " + repr(tool_responses(request)))
+
+
+async def never_answer(request: ModelRequest[Any]) -> ModelResponse:
+    say("MODEL_CALLED")
+    await block_forever()
 
 
 async def stop_after_tool(request: ModelRequest[Any]) -> ModelResponse:
@@ -77,7 +85,10 @@ async def main(phase: str, team: str, thread_ts: str) -> int:
     model = ScriptedModel()
     transfer = HANGING_TRANSFER if phase == "started" else TRANSFER
     after_tool = stop_after_tool if phase == "finished" else echo_tool_results
-    model.script(calls(("transferMoney", transfer)), after_tool)
+    if phase == "turn":
+        model.script(never_answer)
+    else:
+        model.script(calls(("transferMoney", transfer)), after_tool)
     engine = make_engine(os.environ["DATABASE_URL"])
     workflow = build_workflow(
         make_session_factory(engine),
@@ -86,6 +97,9 @@ async def main(phase: str, team: str, thread_ts: str) -> int:
         setup=model.register,
     )
     out = await workflow.start_turn(Thread(team, CHANNEL, thread_ts), REQUESTER, "send 500")
+    if phase == "turn":
+        say(f"UNEXPECTED start_turn returned {out!r}")
+        return 1
     if not isinstance(out, AwaitingApproval) or len(out.approvals) != 1:
         say(f"UNEXPECTED start_turn returned {out!r}")
         return 1

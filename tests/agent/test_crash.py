@@ -13,8 +13,9 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,15 @@ import pytest
 from genkit.model import ModelRequest, ModelResponse
 
 from agent.approval import UNKNOWN_OUTCOME
-from agent.assemble import build_workflow, new_uuid
+from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.observer import Observer
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
 from agent.workflow import (
+    LEASE,
     Approved,
     AwaitingApproval,
+    Busy,
     Finished,
     Reply,
     Resumed,
@@ -136,7 +139,9 @@ class Recovery:
     model: ScriptedModel
 
 
-def replica(sessions: SessionFactory, clock: Clock, observer: Observer | None = None) -> Recovery:
+def replica(
+    sessions: SessionFactory, clock: Callable[[], datetime], observer: Observer | None = None
+) -> Recovery:
     model = ScriptedModel()
     model.script(echo_tool_results)
     workflow = build_workflow(
@@ -251,6 +256,25 @@ async def test_two_sweeps_racing_after_a_crash_resume_once(
     assert len(a.model.requests) + len(b.model.requests) == 1
     [entry] = transfers()
     assert entry["key"] == approval_id
+
+
+async def test_a_thread_whose_turn_died_with_its_process_is_free_within_a_lease(
+    pg_sessions: SessionFactory, team: str, ledger: Path, tmp_path: Path
+) -> None:
+    """A new message's turn holds its thread one lease (15 s, renewed while it runs), not
+    the model-turn timeout: after a crash the next message is answered within seconds."""
+    async with worker("turn", team, "6.1", tmp_path) as w:
+        await w.expect("MODEL_CALLED")
+        killed = time.monotonic()
+        await w.kill()
+    r = replica(pg_sessions, utc_now)  # the real clock: the dead hold runs out in real time
+    thread = Thread(team, crash_worker.CHANNEL, "6.1")
+    assert isinstance(await r.workflow.start_turn(thread, "U_EMP", "hello?"), Busy)
+    deadline = killed + LEASE.total_seconds() + 10  # the dead hold's time left, and slack
+    while isinstance(out := await r.workflow.start_turn(thread, "U_EMP", "hello?"), Busy):
+        assert time.monotonic() < deadline, "the dead turn held its thread past its lease"
+        await asyncio.sleep(0.5)  # poll: each try changes nothing while the thread is held
+    assert isinstance(out, Reply) and len(r.model.requests) == 1
 
 
 async def test_real_gemini_plugin_interrupt_approve_and_resume(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.policy import POLICY_FILE_ACTOR, Policy, Rule, from_file
-from agent.policy_file import PolicyFileError, check_tools, load
+from agent.policy_file import PolicyFileError, check_tools, load, tool_timeouts
 
 GOOD = """\
 defaults:
@@ -21,6 +21,7 @@ tools:
     channel: C0FINANCE
     approvers: [U012ABC, S0TREASURY]
     timeout: 4h
+    tool_timeout: 30m
     rules:
       - when: "args.amount <= 100"
         allow: true
@@ -41,6 +42,8 @@ def test_a_good_file(tmp_path: Path) -> None:
     check_tools(path, policy, ["transferMoney", "getBalance", "exportData"])
     spec = policy.tools["transferMoney"]
     assert (spec.timeout, policy.defaults.timeout) == (timedelta(hours=4), timedelta(hours=24))
+    assert tool_timeouts(policy) == {"transferMoney": timedelta(minutes=30)}  # to run, approved
+    assert "tool_timeout" not in from_file("transferMoney", policy)  # not stored: read at start
     stored = from_file("transferMoney", policy)
     assert stored["approver_users"] == ["U012ABC"] and stored["approver_groups"] == ["S0TREASURY"]
     assert stored["rules"][0] == {"when": "args.amount <= 100", "allow": True}
@@ -58,6 +61,7 @@ def test_a_good_file(tmp_path: Path) -> None:
             "colour: Extra inputs are not permitted",
         ),
         ("tools:\n  transferMoney:\n    timeout: 4 hours\n", 3, "is not a duration"),
+        ("tools:\n  transferMoney:\n    tool_timeout: soon\n", 3, "is not a duration"),
         ("tools:\n  transferMoney:\n    channel: '#finance'\n", 3, "is not a channel ID"),
         ("tools:\n  transferMoney:\n    approvers: [alice]\n", 3, "not user (U…) or user group"),
         (

@@ -30,8 +30,9 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from sqlalchemy import func, select
 
 from agent.workflow import Denied
+from bot.background import WIND_DOWN
 from bot.listeners.commands import CHANGING
-from bot.server import Service
+from bot.server import SHUTDOWN_GRACE, Service
 from storage.db import SessionFactory, make_engine, make_session_factory
 from storage.lifecycle import ApprovalState, ExecutionState, TurnState
 from storage.models import (
@@ -247,6 +248,11 @@ async def test_unsigned_tampered_and_replayed_requests_are_refused_and_change_no
 START_TIMEOUT = 60.0  # a cold `python -m bot` imports Genkit; generous for a loaded machine
 RECOVERY_TIMEOUT = 60.0
 EXIT_TIMEOUT = 30.0
+# What the README promises on default settings, from the replacement's /healthz being 200 to
+# the turn's reply in the thread: after a SIGKILL, and after a SIGTERM whose grace ran out.
+AFTER_KILL = 30.0
+AFTER_STOP = 10.0
+STOP_TIMEOUT = SHUTDOWN_GRACE + WIND_DOWN + 15.0  # the grace, the wind-down, closing
 
 
 def free_port() -> int:
@@ -284,10 +290,10 @@ class BotProcess:
             await asyncio.sleep(0.1)  # poll until the deadline
         pytest.fail(f"/healthz was not 200 within {START_TIMEOUT}s\n{self.output()}")
 
-    async def stop(self, sig: signal.Signals = signal.SIGKILL) -> int:
+    async def stop(self, sig: signal.Signals = signal.SIGKILL, within: float = EXIT_TIMEOUT) -> int:
         if self.proc.returncode is None:
             self.proc.send_signal(sig)
-        return await asyncio.wait_for(self.proc.wait(), EXIT_TIMEOUT)
+        return await asyncio.wait_for(self.proc.wait(), within)
 
 
 @contextlib.asynccontextmanager
@@ -303,6 +309,8 @@ async def bot_process(
     port = free_port()
     env = dict(os.environ)
     env.pop("GENKIT_ENV", None)  # no Genkit reflection server in the bot
+    for default in ("RESUME_LEASE_SECONDS", "RECOVERY_INTERVAL_SECONDS", "TOOL_TIMEOUT_SECONDS"):
+        env.pop(default, None)  # the defaults are what these tests prove
     env.update(
         SLACK_BOT_TOKEN="xoxb-test",
         SLACK_SIGNING_SECRET=SECRET,
@@ -313,8 +321,6 @@ async def bot_process(
         PORT=str(port),
         AGENT_TOOLS="tests.ledger_tools",
         APPROVER_CHANNEL=APPROVERS,
-        RESUME_LEASE_SECONDS="1",
-        RECOVERY_INTERVAL_SECONDS="0.5",
         GREENLIGHT_TEST_LEDGER=str(ledger_tools.ledger_path()),
         PYTHONPATH=str(REPO),
         **settings,
@@ -340,6 +346,71 @@ async def bot_process(
             await proc.wait()
 
 
+async def approved_while_answering(
+    http: aiohttp.ClientSession,
+    bot: BotProcess,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    ts: str,
+) -> tuple[str, dict[str, Any]]:
+    """A transfer asked for in `ts`, approved; returns once the tool ran and the model is
+    answering (slowly: gemini's script says so). (approval id, the tool's output)."""
+    dm = sp.message_im_event(team, REQUESTER, DM, "send 500 to 12345", ts)
+    assert (await sp.post_signed(http, bot.url, SECRET, *dm))[0] == 200
+    (card,) = await fake_slack.wait_for(
+        "chat.postMessage", predicate=in_channel(APPROVERS), timeout=30
+    )
+    approval_id = button_value(card, "approve")
+    click = sp.block_actions(
+        team,
+        BOSS,
+        APPROVERS,
+        "1700000000.000100",
+        "approve",
+        approval_id,
+        "trigger-1",
+        fake_slack.response_url("click"),
+        block_id="approval",
+        message_blocks=card.args.get("blocks"),
+    )
+    assert (await sp.post_signed(http, bot.url, SECRET, *click))[0] == 200
+    # The tool ran and its result went to the model, which is still answering.
+    await poll(lambda: len(ledger_tools.entries()) == 1, "the tool's ledger entry")
+    await poll(lambda: len(gemini.generate_requests()) == 2, "the model call after")
+    return approval_id, {"success": True, "transactionId": f"txn-{approval_id}"}
+
+
+async def recovered_within(
+    limit: float, http: aiohttp.ClientSession, bot: BotProcess, fake_slack: FakeSlack, ts: str
+) -> float:
+    """Seconds from `bot` being up (/healthz 200) to the turn's reply in the thread."""
+    await bot.wait_healthy(http)
+    up = time.monotonic()
+    posts = await fake_slack.wait_for(
+        "chat.postMessage", count=2, predicate=in_channel(DM, ts), timeout=RECOVERY_TIMEOUT
+    )
+    took = time.monotonic() - up
+    assert text_of(posts[1]) == "Sent 500 to 12345."
+    assert took <= limit, f"recovered {took:.1f}s after the new process was up\n{bot.output()}"
+    await fake_slack.wait_for("chat.update", predicate=decided_card("Ran."), timeout=30)
+    return took
+
+
+async def check_resumed_once(
+    gemini: FakeGemini, fake_slack: FakeSlack, ts: str, approval_id: str, output: Any
+) -> None:
+    """Checked once no process is left that could still act."""
+    [entry] = ledger_tools.entries()  # the tool never ran again
+    assert entry["key"] == approval_id
+    answered: dict[str, Any] = {"id": "call-1", "name": "transferMoney"}
+    answered["response"] = {"name": "transferMoney", "content": output}
+    # The first process's model call and the recovery's both carry the one recorded output.
+    assert gemini.function_responses() == [answered, answered]
+    assert len(gemini.generate_requests()) == 3 and gemini.pending == 0
+    assert len(thread_posts(fake_slack, ts)) == 2  # the placeholder, exactly one reply
+
+
 async def test_a_bot_killed_after_the_tool_ran_resumes_once_in_the_next_process(
     fake_slack: FakeSlack,
     gemini: FakeGemini,
@@ -348,9 +419,11 @@ async def test_a_bot_killed_after_the_tool_ran_resumes_once_in_the_next_process(
     bot_database: str,
     tmp_path: Path,
 ) -> None:
+    """Default settings: the dead process's lease (15 s, renewed every 5 s) runs out, and the
+    next sweep (every 5 s) resumes the turn, within AFTER_KILL of the new process."""
     gemini.script(
         function_call("transferMoney", TRANSFER, id="call-1"),
-        text("Sent (first process).", delay=30),  # still thinking when it is killed
+        text("Sent (first process).", delay=60),  # still thinking when it is killed
         text("Sent 500 to 12345."),
     )
     engine = make_engine(bot_database)
@@ -360,30 +433,9 @@ async def test_a_bot_killed_after_the_tool_ran_resumes_once_in_the_next_process(
         async with aiohttp.ClientSession() as http:
             async with bot_process("first", fake_slack, gemini, bot_database, tmp_path) as first:
                 await first.wait_healthy(http)
-                dm = sp.message_im_event(team, REQUESTER, DM, "send 500 to 12345", ts)
-                assert (await sp.post_signed(http, first.url, SECRET, *dm))[0] == 200
-                (card,) = await fake_slack.wait_for(
-                    "chat.postMessage", predicate=in_channel(APPROVERS), timeout=30
+                approval_id, output = await approved_while_answering(
+                    http, first, fake_slack, gemini, team, ts
                 )
-                approval_id = button_value(card, "approve")
-                output = {"success": True, "transactionId": f"txn-{approval_id}"}
-                click = sp.block_actions(
-                    team,
-                    BOSS,
-                    APPROVERS,
-                    "1700000000.000100",
-                    "approve",
-                    approval_id,
-                    "trigger-1",
-                    fake_slack.response_url("click"),
-                    block_id="approval",
-                    message_blocks=card.args.get("blocks"),
-                )
-                assert (await sp.post_signed(http, first.url, SECRET, *click))[0] == 200
-
-                # The tool ran and its result went to the model, which is still answering.
-                await poll(lambda: len(ledger_tools.entries()) == 1, "the tool's ledger entry")
-                await poll(lambda: len(gemini.generate_requests()) == 2, "the model call after")
                 async with sessions() as db:
                     row = await db.get_one(ApprovalRow, approval_id)
                     assert (row.execution, row.output) == (ExecutionState.FINISHED, output)
@@ -391,29 +443,59 @@ async def test_a_bot_killed_after_the_tool_ran_resumes_once_in_the_next_process(
             assert len(thread_posts(fake_slack, ts)) == 1  # just the placeholder: no reply yet
 
             async with bot_process("second", fake_slack, gemini, bot_database, tmp_path) as second:
-                await second.wait_healthy(http)
-                # The start-up sweep (again every 0.5 s, once the dead lease ran out) resumes.
-                reply = await reply_in_thread(fake_slack, ts, timeout=RECOVERY_TIMEOUT)
-                assert text_of(reply) == "Sent 500 to 12345."
-                await fake_slack.wait_for(
-                    "chat.update", predicate=decided_card("Ran."), timeout=RECOVERY_TIMEOUT
-                )
+                await recovered_within(AFTER_KILL, http, second, fake_slack, ts)
                 assert await second.stop(signal.SIGTERM) == 0, second.output()
             log = second.output()
 
-        # Checked once no process is left that could still act.
-        [entry] = ledger_tools.entries()  # the tool never ran again
-        assert entry["key"] == approval_id
-        answered: dict[str, Any] = {"id": "call-1", "name": "transferMoney"}
-        answered["response"] = {"name": "transferMoney", "content": output}
-        # The killed process's model call and the recovery's both carry the one recorded output.
-        assert gemini.function_responses() == [answered, answered]
-        assert len(gemini.generate_requests()) == 3 and gemini.pending == 0
-        assert len(thread_posts(fake_slack, ts)) == 2  # the placeholder, exactly one reply
+        await check_resumed_once(gemini, fake_slack, ts, approval_id, output)
         async with sessions() as db:
             turn = await db.get_one(TurnRow, row.turn_id)
             assert turn.state == TurnState.DONE and turn.attempts == 2  # killed, then recovered
         assert "recovery sweep resumed 1 turn" in log and "Traceback" not in log, log
+    finally:
+        await engine.dispose()
+
+
+async def test_a_bot_stopped_while_the_model_answers_hands_the_turn_to_the_next_process(
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    ledger: Path,
+    bot_database: str,
+    tmp_path: Path,
+) -> None:
+    """SIGTERM: the resume gets SHUTDOWN_GRACE, then is cut off and let go of (LET_GO), so the
+    new process's start-up sweep resumes it at once, within AFTER_STOP of it being up."""
+    gemini.script(
+        function_call("transferMoney", TRANSFER, id="call-1"),
+        text("Sent (first process).", delay=SHUTDOWN_GRACE + 60),  # outlasts the grace
+        text("Sent 500 to 12345."),
+    )
+    engine = make_engine(bot_database)
+    sessions = make_session_factory(engine)
+    ts = new_ts()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with bot_process("first", fake_slack, gemini, bot_database, tmp_path) as first:
+                await first.wait_healthy(http)
+                approval_id, output = await approved_while_answering(
+                    http, first, fake_slack, gemini, team, ts
+                )
+                assert await first.stop(signal.SIGTERM, STOP_TIMEOUT) == 0, first.output()
+                assert "shutdown cut off 1 turns" in first.output(), first.output()
+            async with sessions() as db:
+                row = await db.get_one(ApprovalRow, approval_id)
+                turn = await db.get_one(TurnRow, row.turn_id)
+                assert (turn.state, turn.lease_until) == (TurnState.WAITING, None)  # let go
+
+            async with bot_process("second", fake_slack, gemini, bot_database, tmp_path) as second:
+                await recovered_within(AFTER_STOP, http, second, fake_slack, ts)
+                assert await second.stop(signal.SIGTERM) == 0, second.output()
+
+        await check_resumed_once(gemini, fake_slack, ts, approval_id, output)
+        async with sessions() as db:
+            turn = await db.get_one(TurnRow, row.turn_id)
+            assert turn.state == TurnState.DONE and turn.attempts == 2
     finally:
         await engine.dispose()
 

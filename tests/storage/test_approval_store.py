@@ -30,6 +30,7 @@ from storage.lifecycle import (
     EXPIRE,
     FINISH_EXECUTION,
     GIVE_UP,
+    LET_GO,
     REMIND,
     RENEW,
     RETRY_CARD,
@@ -257,6 +258,7 @@ TURN_ACTS: dict[Transition, Callable[[Db, Claim], Awaitable[object]]] = {
     RENEW: lambda d, c: d.store.renew(c, until=NOW + 2 * HOUR),
     COMPLETE: lambda d, c: d.store.complete(c, now=NOW, snapshot_id="after"),
     GIVE_UP: lambda d, c: d.store.give_up(c, now=NOW),
+    LET_GO: lambda d, c: d.store.let_go(c, now=NOW),
 }
 
 
@@ -299,6 +301,10 @@ async def test_turn_transitions_take_exactly_when_the_table_allows(
             assert thread.busy_until is None, case
             assert thread.snapshot_id == ("after" if transition is COMPLETE else "before"), case
             assert isinstance(result, tuple) and [a.id for a in result][:1] == [approval.id]
+        if transition is LET_GO:  # waiting again, the thread still held, recoverable at once
+            assert turn.lease_until is None and thread.busy_until == NOW + HOUR, case
+            recoverable = await db.store.recoverable(now=NOW, team_id=db.team)
+            assert (approval.turn_id in recoverable) == (not siblings), case
         if transition is CLAIM:
             assert isinstance(result, Claim) and result.attempt == 2 and turn.attempts == 2
             assert result.approvals[0].id == approval.id and result.thread == approval.thread

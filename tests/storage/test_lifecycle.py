@@ -20,6 +20,7 @@ from storage.lifecycle import (
     EXPIRE,
     FINISH_EXECUTION,
     GIVE_UP,
+    LET_GO,
     PAUSE,
     REMIND,
     RENEW,
@@ -87,6 +88,7 @@ ALLOWED: dict[tuple[Transition, State | None], tuple[State, set[Requirement]]] =
     (CLAIM, T.WAITING): (T.RESUMING, {R.ALL_DECIDED}),
     (CLAIM, T.RESUMING): (T.RESUMING, {R.ALL_DECIDED, R.LEASE_RAN_OUT}),
     (RENEW, T.RESUMING): (T.RESUMING, {R.OWN_CLAIM}),
+    (LET_GO, T.RESUMING): (T.WAITING, {R.OWN_CLAIM}),
     (COMPLETE, T.RESUMING): (T.DONE, {R.OWN_CLAIM}),
     (GIVE_UP, T.RESUMING): (T.FAILED, {R.OWN_CLAIM}),
 }
