@@ -18,6 +18,7 @@ from agent.workflow import Workflow
 from storage.approval_store import ApprovalStore
 from storage.db import SessionFactory
 from storage.policies import PolicyStore
+from storage.retention import Retention
 from storage.session_store import SqlSessionStore
 
 
@@ -41,9 +42,12 @@ def build_workflow(
     setup: Callable[[Genkit], None] | None = None,
     outside: Outside = contextlib.nullcontext,
     files: FileTools | None = None,
+    keep_data: timedelta = timedelta(days=90),
+    keep_audit: timedelta = timedelta(days=400),
 ) -> Workflow:
     """`outside`: the hook a turn waits on the model or a tool in (see agent/approval.py);
-    `files`: the file tools to mount (agent/files.py), their reads allowed by default."""
+    `files`: the file tools to mount (agent/files.py), their reads allowed by default;
+    `keep_data`, `keep_audit`: what the sweep's retention keeps (storage/retention.py)."""
     files = files or FileTools()
     defaults = defaults or PolicyDefaults()
     tool_names: list[str] = []
@@ -80,6 +84,7 @@ def build_workflow(
         runtime=runtime,
         store=store,
         policies=policies,
+        retention=Retention(sessions, keep=keep_data, keep_audit=keep_audit),
         clock=clock,
         new_id=new_id,
         lease=lease,

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from types import EllipsisType
 from typing import Any, Literal, assert_never
@@ -68,6 +68,7 @@ from storage.lifecycle import (
     Vote as Vote,
 )
 from storage.policies import StoredPolicy
+from storage.retention import Purged, Retention
 from storage.session_store import current_team
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,6 @@ log = logging.getLogger(__name__)
 MAX_RESUME_ATTEMPTS = 3
 RETRY_DELAY = timedelta(seconds=30)
 CARD_GRACE = timedelta(minutes=1)
-EVENTS_KEPT = timedelta(days=1)  # Slack retries for minutes, not days
 HISTORY_DAYS = 30  # how far back a card counts the requester's earlier requests
 TextSink = Callable[[str], Awaitable[None]]
 Facts = ApproverFacts | Callable[[Approval, Policy], Awaitable[ApproverFacts]]
@@ -185,6 +185,7 @@ class SweepReport:
     # Cards whose post was cut off, now this sweep's to finish (RETRY_CARD): each may be in
     # the channel already, so the transport looks there before it posts.
     uncarded: tuple[Approval, ...] = ()
+    purged: Purged = field(default_factory=Purged)  # what retention deleted (every workspace)
 
 
 class Workflow:
@@ -194,12 +195,14 @@ class Workflow:
         runtime: AgentRuntime,
         store: ApprovalStore,
         policies: PolicyService,
+        retention: Retention,
         clock: Callable[[], datetime],
         new_id: Callable[[], str],
         lease: timedelta = timedelta(minutes=2),
         turn_timeout: timedelta = timedelta(minutes=5),
     ) -> None:
         self._runtime = runtime
+        self._retention = retention
         self._turn_timeout = turn_timeout
         self._store = store
         self._policies = policies
@@ -536,9 +539,10 @@ class Workflow:
 
     async def sweep(self, team_id: str | None = None) -> SweepReport:
         """Expire overdue approvals, resume turns nobody is resuming (after a crash), report
-        cards never posted, and forget old Slack event ids.
+        cards never posted, and delete what is past retention (storage/retention.py).
 
-        Runs over every workspace unless `team_id` narrows it to one.
+        Runs over every workspace unless `team_id` narrows it to one (then nothing is
+        deleted: retention is the database's, not a workspace's).
         """
         now = self._clock()
         expired = []
@@ -554,9 +558,10 @@ class Workflow:
                 )
         turn_ids = await self._store.recoverable(now=now, team_id=team_id)
         resumed = [r for t in turn_ids if (r := await self.continue_turn(t)) is not None]
+        purged = Purged()
         if team_id is None:
-            await self._store.forget_events(before=now - EVENTS_KEPT)
-        return SweepReport(tuple(expired), tuple(resumed), tuple(uncarded))
+            purged = await self._retention.purge(now=now)
+        return SweepReport(tuple(expired), tuple(resumed), tuple(uncarded), purged)
 
     async def follow_ups(self, team_id: str | None = None) -> FollowUps:
         """Reminders and escalations due now, each recorded as done (REMIND, ESCALATE)

@@ -295,6 +295,7 @@ _NEW_THREAD = {
     "busy_until": sa.bindparam("until", type_=C.c.busy_until.type),
     "participants": sa.bindparam("participants", type_=C.c.participants.type),
     "created_at": NOW,
+    "last_active_at": NOW,
 }
 OPEN_THREAD = (
     sa.insert(C)
@@ -307,7 +308,7 @@ OPEN_THREAD = (
 TAKE_THREAD = (
     sa.update(C)
     .where(_THREAD, _idle)
-    .values(busy_until=sa.bindparam("until"))
+    .values(busy_until=sa.bindparam("until"), last_active_at=NOW)
     .returning(C.c.id, C.c.snapshot_id, C.c.participants)
 )
 # Only the thread's holder writes it, so a whole new list loses nobody.
@@ -325,7 +326,6 @@ FIRST_DELIVERY = sa.insert(S).from_select(
     list(_event),
     sa.select(*_event.values()).where(~sa.exists().where(S.c.event_id == _event["event_id"])),
 )
-FORGET_EVENTS = sa.delete(S).where(S.c.received_at < NOW)
 
 
 @dataclass(frozen=True)
@@ -354,10 +354,6 @@ class ApprovalStore:
         except IntegrityError:  # a twin delivery inserted it just now
             return False
         return _count(done) == 1
-
-    async def forget_events(self, *, before: datetime) -> None:
-        async with autocommit(self._sessions) as db:
-            await db.execute(FORGET_EVENTS, {"now": before})
 
     async def hold_thread(
         self, thread: Thread, *, author: str, new_id: str, now: datetime, until: datetime
