@@ -589,8 +589,10 @@ class Workflow:
     async def approval(self, team_id: str, approval_id: str) -> Approval | None:
         return await self._store.get(team_id, approval_id)
 
-    async def pending(self, team_id: str) -> tuple[Approval, ...]:
-        return await self._store.pending(team_id)
+    async def pending(
+        self, team_id: str, *, limit: int = 20, offset: int = 0
+    ) -> tuple[Approval, ...]:
+        return await self._store.pending(team_id, limit=limit, offset=offset)
 
     async def card_posted(self, approval: Approval, *, ts: str) -> Approval | None:
         """The card is out, at `ts`; None when its outbox had already moved on."""
@@ -608,8 +610,10 @@ class Workflow:
             log.warning("card of approval %s failed, but: %s", approval.id, refused)
             return None
 
-    async def audit_trail(self, team_id: str, tool: str | None = None) -> list[AuditEntry]:
-        return await self._store.audit_trail(team_id, tool=tool)
+    async def audit_trail(
+        self, team_id: str, tool: str | None = None, *, limit: int = 20, offset: int = 0
+    ) -> list[AuditEntry]:
+        return await self._store.audit_trail(team_id, tool=tool, limit=limit, offset=offset)
 
     # -- internals ---------------------------------------------------------------------
 

@@ -630,9 +630,13 @@ class ApprovalStore:
             found = _located(await db.execute(GET, {"team": team_id, "row_id": approval_id}))
         return (await self._with_votes(found))[0] if found else None
 
-    async def pending(self, team_id: str) -> tuple[Approval, ...]:
+    async def pending(
+        self, team_id: str, *, limit: int = 20, offset: int = 0
+    ) -> tuple[Approval, ...]:
+        """Pending approvals, oldest first, a page at a time."""
+        query = PENDING.limit(limit).offset(offset)
         async with autocommit(self._sessions) as db:
-            return _located(await db.execute(PENDING, {"team": team_id}))
+            return _located(await db.execute(query, {"team": team_id}))
 
     async def overdue(self, *, now: datetime, team_id: str | None = None) -> tuple[Approval, ...]:
         """Pending approvals an EXPIRE may take now."""
@@ -671,10 +675,10 @@ class ApprovalStore:
             return _located(await db.execute(query, {"card_stale": stale}))
 
     async def audit_trail(
-        self, team_id: str, *, tool: str | None = None, limit: int = 20
+        self, team_id: str, *, tool: str | None = None, limit: int = 20, offset: int = 0
     ) -> list[AuditEntry]:
         async with autocommit(self._sessions) as db:
-            return await audit.recent(db, team_id, tool=tool, limit=limit)
+            return await audit.recent(db, team_id, tool=tool, limit=limit, offset=offset)
 
     async def history(
         self, team_id: str, requester: str, tools: Sequence[str], *, since: datetime, days: int

@@ -39,12 +39,13 @@ def entry(
 
 
 async def recent(
-    db: AsyncSession, team_id: str, *, tool: str | None = None, limit: int = 20
+    db: AsyncSession, team_id: str, *, tool: str | None = None, limit: int = 20, offset: int = 0
 ) -> list[AuditEntry]:
+    """The newest events first, a page of `limit` after skipping `offset`."""
     query = _RECENT.where(TABLE.c.team_id == team_id)
     if tool is not None:
         query = query.where(TABLE.c.tool == tool)
-    rows = (await db.execute(query.limit(limit))).all()
+    rows = (await db.execute(query.limit(limit).offset(offset))).all()
     return [
         AuditEntry(
             at=row.at,
