@@ -93,7 +93,7 @@ async def test_pending_and_audit_come_a_page_at_a_time(
     client: SlackClient, team: str, bot_sessions: SessionFactory
 ) -> None:
     at = datetime.now(UTC)
-    rows = [
+    rows: list[dict[str, object]] = [
         {
             "team_id": team,
             "at": at - timedelta(minutes=i),
