@@ -136,3 +136,14 @@ def test_an_invalid_policy_file_stops_the_bot_naming_the_file_and_the_line(
     policy.write_text("tools:\n  launchRockets: {}\n")
     result = run_bot(env=env)
     assert result.returncode == 2 and "line 2: tools: no tool 'launchRockets'" in result.stderr
+
+
+def test_retention_settings_are_checked() -> None:
+    """Days are at least 1, and the audit trail may not go before the conversations."""
+    base = {"SLACK_BOT_TOKEN": "xoxb-1", "SLACK_SIGNING_SECRET": "s", "GEMINI_API_KEY": "k"}
+    result = run_bot(env=base | {"RETENTION_DAYS": "0", "APPROVER_CHANNEL": "C0APPROVE"})
+    assert result.returncode == 2 and "RETENTION_DAYS" in result.stderr
+    env = base | {"RETENTION_DAYS": "120", "AUDIT_RETENTION_DAYS": "100"}
+    result = run_bot(env=env | {"APPROVER_CHANNEL": "C0APPROVE"})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "AUDIT_RETENTION_DAYS (100) must be at least RETENTION_DAYS (120)" in result.stderr
