@@ -208,10 +208,18 @@ async def test_a_backlog_goes_in_bounded_batches(world: World) -> None:
         await world.conversation(OLD, turn=None)
     retention = Retention(world.sessions, batch=2, batches=2)
     first = await retention.purge(now=NOW)
-    assert first.conversations == 4 and first.sessions == 4
+    # At most 2 statements of 2 rows per kind (sessions: 2 looks at 2 sessions each).
+    assert first.conversations == 4 and first.sessions <= 4 and first.messages <= 4 * 6
     assert len(await world.conversations()) == 1
     second = await retention.purge(now=NOW)
     assert second.conversations == 1 and await world.conversations() == set()
+    # Sessions still in use elsewhere (other tests' held conversations) are passed over,
+    # not looked at again and again: these go within a few more sweeps.
+    for _ in range(10):
+        if await world.count(S) == 0:
+            break
+        await retention.purge(now=NOW)
+    assert await world.count(S) == 0 and await world.count(M) == 0
 
 
 async def test_old_event_ids_and_audit_rows_go_recent_ones_stay(world: World) -> None:
