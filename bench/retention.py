@@ -157,7 +157,7 @@ async def load(
 
 
 async def run(
-    database_url: str | None, backlog: int, conversations: int, workers: int
+    database_url: str | None, backlog: int, conversations: int, workers: int, pace: float
 ) -> dict[str, Any]:
     async with temporary_database(database_url) as url:
         engine = make_engine(url, pool_size=workers + 4)
@@ -168,7 +168,7 @@ async def run(
             await load(sessions, 40, workers, f"warm-{uuid.uuid4().hex[:6]}")  # warm-up
             quiet = await load(sessions, conversations, workers, f"quiet-{uuid.uuid4().hex[:6]}")
 
-            retention = Retention(sessions)
+            retention = Retention(sessions, pace=pace)
             purged: list[Purged] = []
             gone = asyncio.Event()
 
@@ -192,6 +192,7 @@ async def run(
         "backlog_conversations": backlog,
         "conversations_per_phase": conversations,
         "workers": workers,
+        "pace": pace,
         "without_purge": summary(quiet),
         "with_purge": summary(busy),
         "purged": totals,
@@ -226,8 +227,11 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=50_000, help="old conversations")
     parser.add_argument("--conversations", type=int, default=300, help="per phase")
     parser.add_argument("--workers", type=int, default=4, help="conversations at once")
+    parser.add_argument("--pace", type=float, default=1.0, help="Retention's pause factor")
     args = parser.parse_args()
-    result = asyncio.run(run(args.database_url, args.backlog, args.conversations, args.workers))
+    result = asyncio.run(
+        run(args.database_url, args.backlog, args.conversations, args.workers, args.pace)
+    )
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(table(result))
 

@@ -21,6 +21,8 @@ What "old" means, precisely:
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
@@ -169,7 +171,8 @@ class Purged:
 
 class Retention:
     """Deletes what is older than `keep` (`keep_audit` for the audit trail), `batch` rows per
-    statement and at most `batches` statements per kind and purge."""
+    statement and at most `batches` statements per kind and purge, pausing `pace` times as
+    long as each statement took (0: no pause)."""
 
     def __init__(
         self,
@@ -180,12 +183,13 @@ class Retention:
         keep_events: timedelta = timedelta(days=1),
         batch: int = 500,
         batches: int = 20,
+        pace: float = 1.0,
     ) -> None:
         if batch < 1 or batches < 1:
             raise ValueError("batch and batches must be at least 1")
         self._sessions = sessions
         self._keep, self._keep_audit, self._keep_events = keep, keep_audit, keep_events
-        self._batch, self._batches = batch, batches
+        self._batch, self._batches, self._pace = batch, batches, pace
         # Where the look for old sessions goes on (session, team): those found in use are
         # passed over until the look comes round again, however many there are.
         self._after = ("", "")
@@ -221,8 +225,12 @@ class Retention:
         return total
 
     async def _delete(self, statement: sa.Delete, params: dict[str, Any]) -> int:
+        started = time.monotonic()
         async with autocommit(self._sessions) as db:
             result = await db.execute(statement, params | {"batch": self._batch})
+        # Paced: after each statement as long a pause as it took, so a backlog takes at most
+        # half of one connection's time and live turns keep the rest of the database.
+        await asyncio.sleep((time.monotonic() - started) * self._pace)
         return int(cast(sa.CursorResult[Any], result).rowcount)
 
     async def _conversations(self, cutoff: datetime, now: datetime) -> int:
