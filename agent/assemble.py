@@ -19,6 +19,7 @@ from agent.workflow import LEASE, Workflow
 from storage.approval_store import ApprovalStore
 from storage.db import SessionFactory
 from storage.policies import PolicyStore
+from storage.retention import Retention
 from storage.session_store import SqlSessionStore
 
 
@@ -44,10 +45,13 @@ def build_workflow(
     outside: Outside = contextlib.nullcontext,
     files: FileTools | None = None,
     observer: Observer | None = None,
+    keep_data: timedelta = timedelta(days=90),
+    keep_audit: timedelta = timedelta(days=400),
 ) -> Workflow:
     """`outside`: the hook a turn waits on the model or a tool in (see agent/approval.py);
     `files`: the file tools to mount (agent/files.py), their reads allowed by default;
-    `observer`: told of decisions, tool executions and turns (agent/observer.py)."""
+    `observer`: told of decisions, tool executions and turns (agent/observer.py);
+    `keep_data`, `keep_audit`: what the sweep's retention keeps (storage/retention.py)."""
     files = files or FileTools()
     defaults = defaults or PolicyDefaults()
     runtime: AgentRuntime
@@ -90,6 +94,7 @@ def build_workflow(
         runtime=runtime,
         store=store,
         policies=policies,
+        retention=Retention(sessions, keep=keep_data, keep_audit=keep_audit),
         clock=clock,
         new_id=new_id,
         lease=lease,

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from types import EllipsisType
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, assert_never
@@ -79,6 +79,7 @@ from storage.lifecycle import (
     Vote as Vote,
 )
 from storage.policies import StoredPolicy
+from storage.retention import Purged, Retention
 from storage.session_store import current_team
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,6 @@ LEASE = timedelta(seconds=15)
 RENEW_RETRY = timedelta(seconds=1)
 RETRY_DELAY = timedelta(seconds=30)
 CARD_GRACE = timedelta(minutes=1)
-EVENTS_KEPT = timedelta(days=1)  # Slack retries for minutes, not days
 HISTORY_DAYS = 30  # how far back a card counts the requester's earlier requests
 
 
@@ -214,6 +214,7 @@ class SweepReport:
     # Cards whose post was cut off, now this sweep's to finish (RETRY_CARD): each may be in
     # the channel already, so the transport looks there before it posts.
     uncarded: tuple[Approval, ...] = ()
+    purged: Purged = field(default_factory=Purged)  # what retention deleted (every workspace)
 
 
 P = ParamSpec("P")
@@ -246,6 +247,7 @@ class Workflow:
         runtime: AgentRuntime,
         store: ApprovalStore,
         policies: PolicyService,
+        retention: Retention,
         clock: Callable[[], datetime],
         new_id: Callable[[], str],
         lease: timedelta = LEASE,
@@ -255,6 +257,7 @@ class Workflow:
     ) -> None:
         self._runtime = runtime
         self._observer = observer or Observer()
+        self._retention = retention
         self._turn_timeout = turn_timeout
         self._tool_timeouts = tool_timeouts
         self._store = store
@@ -641,9 +644,10 @@ class Workflow:
         self, team_id: str | None = None, on_text: TextSink | None = None
     ) -> SweepReport:
         """Expire overdue approvals, resume turns nobody is resuming (after a crash), report
-        cards never posted, and forget old Slack event ids.
+        cards never posted, and delete what is past retention (storage/retention.py).
 
-        Runs over every workspace unless `team_id` narrows it to one.
+        Runs over every workspace unless `team_id` narrows it to one (then nothing is
+        deleted: retention is the database's, not a workspace's).
         """
         now = self._clock()
         expired = []
@@ -660,9 +664,10 @@ class Workflow:
                 )
         turn_ids = await self._store.recoverable(now=now, team_id=team_id)
         resumed = [r for t in turn_ids if (r := await self.continue_turn(t, on_text)) is not None]
+        purged = Purged()
         if team_id is None:
-            await self._store.forget_events(before=now - EVENTS_KEPT)
-        return SweepReport(tuple(expired), tuple(resumed), tuple(uncarded))
+            purged = await self._retention.purge(now=now)
+        return SweepReport(tuple(expired), tuple(resumed), tuple(uncarded), purged)
 
     async def follow_ups(self, team_id: str | None = None) -> FollowUps:
         """Reminders and escalations due now, each recorded as done (REMIND, ESCALATE)
@@ -690,8 +695,10 @@ class Workflow:
     async def approval(self, team_id: str, approval_id: str) -> Approval | None:
         return await self._store.get(team_id, approval_id)
 
-    async def pending(self, team_id: str) -> tuple[Approval, ...]:
-        return await self._store.pending(team_id)
+    async def pending(
+        self, team_id: str, *, limit: int = 20, offset: int = 0
+    ) -> tuple[Approval, ...]:
+        return await self._store.pending(team_id, limit=limit, offset=offset)
 
     async def inbox(
         self, team_id: str, person: str, facts: Facts, *, scan: int
@@ -751,8 +758,10 @@ class Workflow:
             )
             return None
 
-    async def audit_trail(self, team_id: str, tool: str | None = None) -> list[AuditEntry]:
-        return await self._store.audit_trail(team_id, tool=tool)
+    async def audit_trail(
+        self, team_id: str, tool: str | None = None, *, limit: int = 20, offset: int = 0
+    ) -> list[AuditEntry]:
+        return await self._store.audit_trail(team_id, tool=tool, limit=limit, offset=offset)
 
     # -- internals ---------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""`python -m bot` (or `greenlight`) serves Slack; `python -m bot demo` runs the offline demo."""
+"""`python -m bot` (or `greenlight`) serves Slack; `python -m bot demo` runs the offline demo;
+`greenlight audit export …` writes the audit trail to stdout."""
 
 from __future__ import annotations
 
@@ -26,8 +27,12 @@ def main(argv: list[str] | None = None) -> int:
         from bot.demo import run_demo
 
         return asyncio.run(run_demo())
+    if args[:1] == ["audit"]:
+        from bot.audit_export import main as audit_main
+
+        return audit_main(args[1:])
     if args and args[0] not in {"serve"}:
-        print("usage: greenlight [serve|demo]", file=sys.stderr)
+        print("usage: greenlight [serve|demo|audit export --since DATE]", file=sys.stderr)
         return 2
     settings = settings_or_exit()
     from bot.server import serve

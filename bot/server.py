@@ -281,6 +281,8 @@ class Service:
                 outside=background.outside,
                 files=FileTools(root=s.AGENT_FILES_ROOT, artifacts=s.AGENT_ARTIFACTS),
                 observer=self.metrics,
+                keep_data=timedelta(days=s.RETENTION_DAYS),
+                keep_audit=timedelta(days=s.AUDIT_RETENTION_DAYS),
             )
             if policy_file is not None and s.POLICY_FILE is not None:
                 known = workflow.policies.known_tools()
@@ -377,6 +379,8 @@ class Service:
                         len(report.resumed),
                         len(report.expired),
                     )
+                if report.purged.rows:
+                    log.info("retention deleted %s", report.purged)
                 await self.deps.delivery.sweep(self.app.client, report, streams)
             except Exception:
                 log.exception("recovery sweep failed; trying again next interval")

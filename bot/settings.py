@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from agent.mcp_tools import McpServers, parse_servers
@@ -77,6 +77,8 @@ class Settings(BaseSettings):
     RESUME_LEASE_SECONDS: float = Field(default=15.0, gt=0)
     TOOL_TIMEOUT_SECONDS: float = Field(default=15 * 60.0, gt=0)  # an approved call's run
     MAX_CONCURRENT_TURNS: int = Field(default=8, ge=1, le=4096)
+    RETENTION_DAYS: int = Field(default=90, ge=1, le=36500)
+    AUDIT_RETENTION_DAYS: int = Field(default=400, ge=1, le=36500)
     LOG_LEVEL: str = "INFO"
     LOG_FORMAT: Literal["text", "json"] = "text"
 
@@ -174,6 +176,18 @@ class Settings(BaseSettings):
         if value.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR")
         return value.upper()
+
+    @model_validator(mode="after")
+    def _audit_outlives_data(self) -> Settings:
+        # The trail is the record of what happened in the conversations: it must not go
+        # before them.
+        if self.AUDIT_RETENTION_DAYS < self.RETENTION_DAYS:
+            raise ValueError(
+                f"AUDIT_RETENTION_DAYS ({self.AUDIT_RETENTION_DAYS}) must be at least "
+                f"RETENTION_DAYS ({self.RETENTION_DAYS}): the audit trail outlives the "
+                "conversations it records"
+            )
+        return self
 
     @property
     def socket_mode(self) -> bool:

@@ -310,6 +310,7 @@ _NEW_THREAD = {
     "busy_until": sa.bindparam("until", type_=C.c.busy_until.type),
     "participants": sa.bindparam("participants", type_=C.c.participants.type),
     "created_at": NOW,
+    "last_active_at": NOW,
 }
 OPEN_THREAD = (
     sa.insert(C)
@@ -322,7 +323,7 @@ OPEN_THREAD = (
 TAKE_THREAD = (
     sa.update(C)
     .where(_THREAD, _idle)
-    .values(busy_until=sa.bindparam("until"))
+    .values(busy_until=sa.bindparam("until"), last_active_at=NOW)
     .returning(C.c.id, C.c.snapshot_id, C.c.participants)
 )
 # A running turn's hold, renewed while the turn runs; a hold already let go stays free.
@@ -346,7 +347,6 @@ FIRST_DELIVERY = sa.insert(S).from_select(
     list(_event),
     sa.select(*_event.values()).where(~sa.exists().where(S.c.event_id == _event["event_id"])),
 )
-FORGET_EVENTS = sa.delete(S).where(S.c.received_at < NOW)
 
 
 @dataclass(frozen=True)
@@ -375,10 +375,6 @@ class ApprovalStore:
         except IntegrityError:  # a twin delivery inserted it just now
             return False
         return _count(done) == 1
-
-    async def forget_events(self, *, before: datetime) -> None:
-        async with autocommit(self._sessions) as db:
-            await db.execute(FORGET_EVENTS, {"now": before})
 
     async def hold_thread(
         self, thread: Thread, *, author: str, new_id: str, now: datetime, until: datetime
@@ -669,9 +665,13 @@ class ApprovalStore:
             found = _located(await db.execute(GET, {"team": team_id, "row_id": approval_id}))
         return (await self._with_votes(found))[0] if found else None
 
-    async def pending(self, team_id: str) -> tuple[Approval, ...]:
+    async def pending(
+        self, team_id: str, *, limit: int = 20, offset: int = 0
+    ) -> tuple[Approval, ...]:
+        """Pending approvals, oldest first, a page at a time."""
+        query = PENDING.limit(limit).offset(offset)
         async with autocommit(self._sessions) as db:
-            return _located(await db.execute(PENDING, {"team": team_id}))
+            return _located(await db.execute(query, {"team": team_id}))
 
     async def inbox(self, team_id: str, person: str, *, limit: int) -> tuple[Approval, ...]:
         """Pending requests of others, oldest first, at most `limit` (with their votes)."""
@@ -731,10 +731,10 @@ class ApprovalStore:
             return _located(await db.execute(query, {"card_stale": stale}))
 
     async def audit_trail(
-        self, team_id: str, *, tool: str | None = None, limit: int = 20
+        self, team_id: str, *, tool: str | None = None, limit: int = 20, offset: int = 0
     ) -> list[AuditEntry]:
         async with autocommit(self._sessions) as db:
-            return await audit.recent(db, team_id, tool=tool, limit=limit)
+            return await audit.recent(db, team_id, tool=tool, limit=limit, offset=offset)
 
     async def history(
         self, team_id: str, requester: str, tools: Sequence[str], *, since: datetime, days: int

@@ -74,7 +74,10 @@ class SnapshotRow(Base):
 
     # Session first: with team_id leading, PostgreSQL without statistics yet (a new table)
     # took this index for primary-key lookups and filtered every row of the team.
-    __table_args__ = (Index("ix_agent_snapshots_session", "session_id", "team_id", "created_at"),)
+    __table_args__ = (
+        Index("ix_agent_snapshots_session", "session_id", "team_id", "created_at"),
+        Index("ix_agent_snapshots_created", "created_at"),  # retention finds old sessions
+    )
 
 
 class MessageRow(Base):
@@ -102,11 +105,16 @@ class ConversationRow(Base):
     snapshot_id: Mapped[str | None] = mapped_column(String(128))
     busy_until: Mapped[datetime | None]
     created_at: Mapped[datetime]
+    # When a message last took the thread: retention keeps the conversation until
+    # RETENTION_DAYS after it (storage/retention.py).
+    last_active_at: Mapped[datetime]
     # Every human whose message ran a turn here: none of them may approve what it leads to.
     participants: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'"))
 
     __table_args__ = (
         Index("ux_conversations_thread", "team_id", "channel_id", "thread_ts", unique=True),
+        Index("ix_conversations_last_active", "last_active_at"),
+        Index("ix_conversations_snapshot", "snapshot_id"),  # is a session still in use?
     )
 
 
@@ -126,7 +134,11 @@ class TurnRow(Base):
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
-    __table_args__ = (Index("ix_turns_state", "state", "lease_until"),)
+    __table_args__ = (
+        Index("ix_turns_state", "state", "lease_until"),
+        Index("ix_turns_conversation", "conversation_id"),
+        Index("ix_turns_session", "session_id"),
+    )
 
 
 class ApprovalRow(Base):
@@ -229,7 +241,20 @@ class AuditRow(Base):
     approval_id: Mapped[str | None] = mapped_column(String(64))
     detail: Mapped[dict[str, Any]]
 
-    __table_args__ = (Index("ix_audit_team_at", "team_id", "at"),)
+    __table_args__ = (
+        Index("ix_audit_team_at", "team_id", "at"),
+        Index("ix_audit_at", "at", "id"),  # retention and `greenlight audit export`
+    )
+
+
+class AuditPurgeRow(Base):
+    """SQLite only: while a row here says `before`, the audit trigger lets rows older than
+    that be deleted. Written and removed inside the retention job's one transaction, so no
+    other connection ever sees it (PostgreSQL uses greenlight_purge_audit instead)."""
+
+    __tablename__ = "audit_purges"
+
+    before: Mapped[datetime] = mapped_column(primary_key=True)
 
 
 class SeenEventRow(Base):
@@ -239,3 +264,5 @@ class SeenEventRow(Base):
 
     event_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     received_at: Mapped[datetime]
+
+    __table_args__ = (Index("ix_seen_events_received", "received_at"),)

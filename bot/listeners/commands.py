@@ -1,18 +1,22 @@
 """`/approvals`: see and change tool policy, pending approvals and the audit trail.
 
 Replies are ephemeral. Changing subcommands are for ADMIN_USERS and workspace admins/owners.
-Each subcommand is a function of SUBCOMMANDS, returning the reply.
+Each subcommand is a function of SUBCOMMANDS, returning the reply. Slack is acknowledged at
+once and the reply goes to the command's response_url: a subcommand may wait on Slack (an
+admin look-up retried through rate limits) for longer than Slack's 3 seconds, and the admin
+must not see "operation_timeout" for a change that was made.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from slack_bolt.async_app import AsyncAck, AsyncApp
+from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncRespond
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.policy import Policy, Rule, UnknownTool, split_principals
@@ -23,8 +27,8 @@ from bot.listeners.fields import slack_id
 
 HELP = """*`/approvals`* — who approves what the agent does
 • `list` — every tool: allowed or needs approval, channel, approvers, timeout
-• `pending` — open approval requests
-• `audit [tool]` — recent requests, decisions and policy changes
+• `pending [page]` — open approval requests, 20 a page
+• `audit [tool] [page]` — recent requests, decisions and policy changes, newest first, 20 a page
 • `rules <tool>` — the tool's rules (from the policy file), in order
 Admins only:
 • `allow <tool>` — run it without approval  •  `require <tool>` — needs approval again
@@ -38,7 +42,10 @@ CHANNEL = re.compile(r"^<#([CG][A-Z0-9]+)(?:\|[^>]*)?>$|^([CG][A-Z0-9]+)$")
 USER = re.compile(r"^<@([UW][A-Z0-9]+)(?:\|[^>]*)?>$")
 GROUP = re.compile(r"^<!subteam\^([S][A-Z0-9]+)(?:\|[^>]*)?>$")
 DURATION = re.compile(r"^(\d{1,6})\s*([smhd])$")  # more digits: timedelta overflows
+log = logging.getLogger(__name__)
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+PAGE_SIZE = 20
+MAX_PAGE = 500  # deeper than 10,000 rows: `greenlight audit export`
 
 
 class Usage(ValueError):
@@ -181,9 +188,35 @@ async def policy_summary(workflow: Workflow, team: str) -> str:
     )
 
 
+def page_of(args: list[str], usage: str) -> tuple[list[str], int]:
+    """The words before an optional trailing page number, and the page (1 when none)."""
+    if not args or not args[-1].isdigit():
+        return args, 1
+    page = int(args[-1])
+    if not 1 <= page <= MAX_PAGE:
+        raise Usage(f"Pages run from 1 to {MAX_PAGE}. Usage: `{usage}`")
+    return args[:-1], page
+
+
+def paged(lines: list[str], page: int, more: str) -> str:
+    """A page of lines (one extra was fetched to see whether another page follows)."""
+    text = "\n".join(lines[:PAGE_SIZE])
+    if len(lines) > PAGE_SIZE:
+        text += f"\n_Page {page}. Next: `{more} {page + 1}`_"
+    elif page > 1:
+        text += f"\n_Page {page}, the last._"
+    return text
+
+
 async def list_pending(c: Invocation) -> str:
+    rest, page = page_of(c.args, "/approvals pending [page]")
+    if rest:
+        raise Usage("Usage: `/approvals pending [page]`")
+    found = await c.deps.workflow.pending(
+        c.team, limit=PAGE_SIZE + 1, offset=(page - 1) * PAGE_SIZE
+    )
     lines = []
-    for a in await c.deps.workflow.pending(c.team):
+    for a in found:
         asked = a.request.requested_at
         when = f"<!date^{int(asked.timestamp())}^{{date_short_pretty}} {{time}}|"
         when += f"{asked:%Y-%m-%d %H:%M} UTC>"
@@ -191,17 +224,27 @@ async def list_pending(c: Invocation) -> str:
         if a.card is None or a.card.state == CardState.FAILED:
             where += " — its card could not be posted"
         lines.append(f"• `{a.request.tool}` for <@{a.request.requester}>, asked {when}{where}")
-    return "\n".join(lines) or "Nothing is waiting for approval."
+    if not lines:
+        return "Nothing is waiting for approval." if page == 1 else f"Page {page} is empty."
+    return paged(lines, page, "/approvals pending")
 
 
 async def audit_trail(c: Invocation) -> str:
-    trail = await c.deps.workflow.audit_trail(c.team, c.args[0] if c.args else None)
+    rest, page = page_of(c.args, "/approvals audit [tool] [page]")
+    if len(rest) > 1:
+        raise Usage("Usage: `/approvals audit [tool] [page]`")
+    tool = rest[0] if rest else None
+    trail = await c.deps.workflow.audit_trail(
+        c.team, tool, limit=PAGE_SIZE + 1, offset=(page - 1) * PAGE_SIZE
+    )
     lines = [
         f"• {e.at:%Y-%m-%d %H:%M} {e.action} `{escape(e.tool or '-')}` by "
         + (f"<@{e.actor}>" if USER.match(f"<@{e.actor}>") else escape(e.actor))
         for e in trail
     ]
-    return "\n".join(lines) or "The audit trail is empty."
+    if not lines:
+        return "The audit trail is empty." if page == 1 else f"Page {page} is empty."
+    return paged(lines, page, f"/approvals audit {escape(tool)}" if tool else "/approvals audit")
 
 
 async def list_rules(c: Invocation) -> str:
@@ -235,7 +278,7 @@ SUBCOMMANDS: dict[str, Callable[[Invocation], Awaitable[str]]] = {
 
 
 async def on_command(
-    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, respond: AsyncRespond, deps: Deps
 ) -> None:
     team, user = body.get("team_id"), body.get("user_id")
     words = str(body.get("text") or "").split()
@@ -247,14 +290,27 @@ async def on_command(
     if subcommand is None:
         await ack(text=f"I don't know `{escape(verb)}`.\n\n{HELP}")
         return
+    await ack()
+    invocation = Invocation(deps, client, team, user, verb, args)
+    deps.background.spawn(answer(subcommand, invocation, respond), name=f"/approvals {verb}")
+
+
+async def answer(
+    subcommand: Callable[[Invocation], Awaitable[str]], c: Invocation, respond: AsyncRespond
+) -> None:
+    """Run the subcommand after the acknowledgement; its reply goes to the response_url."""
     try:
-        reply = await subcommand(Invocation(deps, client, team, user, verb, args))
+        reply = await subcommand(c)
     except UnknownTool as exc:
         known = ", ".join(f"`{t}`" for t in exc.known)
         reply = f"There is no tool `{escape(exc.tool)}`. Known tools: {known}"
     except Usage as exc:
         reply = str(exc)
-    await ack(text=reply)
+    except Exception:
+        log.exception("/approvals %s failed", c.verb)
+        reply = "Sorry, that did not work. Try again in a minute: `/approvals list` shows "
+        reply += "what is in force now."
+    await respond(text=reply, response_type="ephemeral")
 
 
 def register(app: AsyncApp) -> None:

@@ -245,16 +245,23 @@ class SlackClient:
         return await self.send(payload)
 
     async def command(self, team: str, user: str, text: str) -> tuple[int, str]:
+        """The acknowledgement's status, and the reply: the ack's own text when it has one
+        (a malformed or unknown command), else what came to the response_url."""
+        name = f"command-{next(_ts)}"
         payload = sp.slash_command(
             team,
             user,
             "/approvals",
             text,
             "C0GENERAL",
-            self.slack.response_url("command"),
+            self.slack.response_url(name),
             f"trigger-{next(_ts)}",
         )
-        return await self.send(payload)
+        status, body = await self.send(payload)
+        if status != 200 or body:
+            return status, body
+        [answer] = await self.slack.wait_for(f"response_url:{name}", timeout=15)
+        return status, str(answer.args["text"])
 
     async def get(self, path: str) -> tuple[int, Any]:
         async with self.http.get(f"{self.base}{path}") as response:

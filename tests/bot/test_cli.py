@@ -190,3 +190,14 @@ def test_a_model_whose_plugin_is_not_installed_stops_the_bot_naming_the_extra(
     assert "pip install 'greenlight[anthropic]'" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "cli.db").exists()  # stopped before anything started
+
+
+def test_retention_settings_are_checked() -> None:
+    """Days are at least 1, and the audit trail may not go before the conversations."""
+    base = {"SLACK_BOT_TOKEN": "xoxb-1", "SLACK_SIGNING_SECRET": "s", "GEMINI_API_KEY": "k"}
+    result = run_bot(env=base | {"RETENTION_DAYS": "0", "APPROVER_CHANNEL": "C0APPROVE"})
+    assert result.returncode == 2 and "RETENTION_DAYS" in result.stderr
+    env = base | {"RETENTION_DAYS": "120", "AUDIT_RETENTION_DAYS": "100"}
+    result = run_bot(env=env | {"APPROVER_CHANNEL": "C0APPROVE"})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "AUDIT_RETENTION_DAYS (100) must be at least RETENTION_DAYS (120)" in result.stderr

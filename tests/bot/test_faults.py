@@ -234,8 +234,12 @@ async def test_unsigned_tampered_and_replayed_requests_are_refused_and_change_no
     assert ledger_tools.entries() == []
 
     # The same requests, signed as Slack signs them, do act: what was refused was the forgery.
-    status, answer = await client.send(surfaces["slash_command"])
-    assert status == 200 and answer.startswith("Done.") and "runs freely" in answer
+    assert (await client.send(surfaces["slash_command"]))[0] == 200
+    [answered] = await fake_slack.wait_for(
+        "response_url:forged", predicate=lambda c: "text" in c.args
+    )
+    answer = str(answered.args["text"])
+    assert answer.startswith("Done.") and "runs freely" in answer
     gemini.script(text("Sent."))
     assert (await client.send(surfaces["block_actions"]))[0] == 200
     assert text_of(await reply_in_thread(fake_slack, asked.thread_ts)) == "Sent."

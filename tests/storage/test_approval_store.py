@@ -100,6 +100,7 @@ class Db:
                 snapshot_id="before",
                 busy_until=NOW + HOUR,
                 created_at=NOW,
+                last_active_at=NOW,
             ),
             TurnRow(
                 id=turn_id,
