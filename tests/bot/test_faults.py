@@ -391,11 +391,9 @@ async def recovered_within(
     """Seconds from `bot` being up (/healthz 200) to the turn's reply in the thread."""
     await bot.wait_healthy(http)
     up = time.monotonic()
-    posts = await fake_slack.wait_for(
-        "chat.postMessage", count=2, predicate=in_channel(DM, ts), timeout=RECOVERY_TIMEOUT
-    )
+    reply = await reply_in_thread(fake_slack, ts, timeout=RECOVERY_TIMEOUT)
     took = time.monotonic() - up
-    assert text_of(posts[1]) == "Sent 500 to 12345."
+    assert text_of(reply) == "Sent 500 to 12345."
     assert took <= limit, f"recovered {took:.1f}s after the new process was up\n{bot.output()}"
     await fake_slack.wait_for("chat.update", predicate=decided_card("Ran."), timeout=30)
     return took
