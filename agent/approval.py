@@ -110,14 +110,18 @@ def approval_middleware(
     new_id: Callable[[], str],
     clock: Callable[[], datetime],
     outside: Outside = contextlib.nullcontext,
+    model_calls: AbstractAsyncContextManager[Any] | None = None,
 ) -> type[BaseMiddleware[Any]]:
     """Build the middleware class bound to this application's store and policy.
 
     `questions`: the tools that only ask a person (agent/questions.py): they are neither
     gated nor run, their calls become questions. `outside`: entered around each wait on the
     model or a tool, so whoever runs the turn (bot/background.py) can give the turn's place
-    to other work meanwhile.
+    to other work meanwhile. `model_calls`: entered (inside `outside`) around each model
+    call, to cap the calls in flight (a semaphore): the turns the cap holds back wait
+    without a work slot.
     """
+    model_gate = model_calls or contextlib.nullcontext()
 
     async def run_approved(
         approval_id: str,
@@ -183,7 +187,7 @@ def approval_middleware(
                 [ModelHookParams, GenerateMiddlewareContext], Awaitable[ModelResponse]
             ],
         ) -> ModelResponse:
-            async with outside():
+            async with outside(), model_gate:
                 response = await next_fn(params, ctx)
             stamp_refs(response, new_id)
             if (scope := current_scope.get()) is not None and response.message is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import Callable
@@ -41,9 +42,11 @@ def build_workflow(
     setup: Callable[[Genkit], None] | None = None,
     outside: Outside = contextlib.nullcontext,
     files: FileTools | None = None,
+    model_calls: int | None = None,
 ) -> Workflow:
     """`outside`: the hook a turn waits on the model or a tool in (see agent/approval.py);
-    `files`: the file tools to mount (agent/files.py), their reads allowed by default."""
+    `files`: the file tools to mount (agent/files.py), their reads allowed by default;
+    `model_calls`: how many model calls may be in flight at once (None: no cap)."""
     files = files or FileTools()
     defaults = defaults or PolicyDefaults()
     tool_names: list[str] = []
@@ -64,6 +67,7 @@ def build_workflow(
         new_id=new_id,
         clock=clock,
         outside=outside,
+        model_calls=asyncio.Semaphore(model_calls) if model_calls else None,
     )
     runtime = build_runtime(
         config,

@@ -83,6 +83,7 @@ MAX_RESUME_ATTEMPTS = 3
 RETRY_DELAY = timedelta(seconds=30)
 CARD_GRACE = timedelta(minutes=1)
 EVENTS_KEPT = timedelta(days=1)  # Slack retries for minutes, not days
+RELEASE_BACKOFF = (0.0, 0.5, 2.0)  # seconds before each attempt to free a thread
 HISTORY_DAYS = 30  # how far back a card counts the requester's earlier requests
 
 
@@ -256,14 +257,18 @@ class Workflow:
         """Run one employee message; returns the reply, or the approvals it now waits on.
         `viewing`: the channel the employee has open beside the thread, if Slack said."""
         now = self._clock()
-        held = await self._store.hold_thread(
-            thread,
-            author=requester,
-            new_id=self._new_id(),
-            now=now,
-            # Held for as long as the turn may run, so a second message never forks it.
-            until=now + self._turn_timeout + self._lease,
-        )
+        try:
+            held = await self._store.hold_thread(
+                thread,
+                author=requester,
+                new_id=self._new_id(),
+                now=now,
+                # Held for as long as the turn may run, so a second message never forks it.
+                until=now + self._turn_timeout + self._lease,
+            )
+        except Exception:  # the database: nothing was held, the requester is told
+            log.exception("could not take thread %s for a turn", thread.thread_ts)
+            return Failed(thread)
         if held is None:
             waiting = await self._store.waiting_on(thread)
             asked = [a for a in waiting if a.request.asks == "requester" and a.decision is None]
@@ -283,15 +288,17 @@ class Workflow:
                 _told(on_text, thread, requester),
                 lambda c: c.send_stream(AgentInput(message=message)),
             )
+            if out.finish_reason == AgentFinishReason.INTERRUPTED:
+                turn, approvals = await self._paused(held.conversation_id, thread, scope, out)
+                await self._store.pause(turn, approvals)
+                return AwaitingApproval(thread, approvals)
         except Exception:
+            # The model, a tool, or the database while pausing: the thread continues from
+            # before this turn, at once rather than when its hold runs out.
             log.exception("turn failed in conversation %s", held.conversation_id)
-            await self._store.release_thread(held.conversation_id, snapshot_id=None)
+            await self._release(held.conversation_id, snapshot_id=None)
             return Failed(thread)
-        if out.finish_reason == AgentFinishReason.INTERRUPTED:
-            turn, approvals = await self._paused(held.conversation_id, thread, scope, out)
-            await self._store.pause(turn, approvals)
-            return AwaitingApproval(thread, approvals)
-        await self._store.release_thread(held.conversation_id, snapshot_id=out.snapshot_id)
+        await self._release(held.conversation_id, snapshot_id=out.snapshot_id)
         return Reply(thread, out.text)
 
     async def continue_turn(self, turn_id: str, on_text: TextSink | None = None) -> Resumed | None:
@@ -796,6 +803,18 @@ class Workflow:
             log.error("turn %s lost its lease while failing; another resume has it", claim.turn_id)
             return None
         return Resumed(Failed(claim.thread, retrying=retrying), settled)
+
+    async def _release(self, conversation_id: str, *, snapshot_id: str | None) -> None:
+        """Free the thread, trying again through a short database outage; after that its
+        hold runs out by itself (turn timeout plus lease)."""
+        for delay in RELEASE_BACKOFF:
+            await asyncio.sleep(delay)
+            try:
+                await self._store.release_thread(conversation_id, snapshot_id=snapshot_id)
+                return
+            except Exception:
+                log.warning("could not free conversation %s", conversation_id, exc_info=True)
+        log.error("conversation %s stays held until its hold runs out", conversation_id)
 
     async def _keep_lease(self, claim: Claim) -> None:
         """Renew the lease while the resume runs; stop once another process has the turn."""

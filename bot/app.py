@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -14,8 +15,12 @@ from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncRateLimitErrorRetryHandler,
     AsyncServerErrorRetryHandler,
 )
+from slack_sdk.http_retry.request import HttpRequest
+from slack_sdk.http_retry.response import HttpResponse
+from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 
+from agent.approval import Outside
 from bot import listeners
 from bot.deps import Deps
 
@@ -24,8 +29,33 @@ log = logging.getLogger(__name__)
 Next = Callable[[], Awaitable[BoltResponse]]
 
 
-def web_client(token: str, api_url: str | None) -> AsyncWebClient:
-    """Slack's client, retrying dropped connections, 429s per Retry-After, and 500/503.
+class RateLimitWait(AsyncRateLimitErrorRetryHandler):
+    """Waits out a 429 per its Retry-After, in `outside` (bot/background.py): the work that
+    made the call gives its slot to other work meanwhile, instead of sleeping in it."""
+
+    def __init__(self, outside: Outside, max_retry_count: int) -> None:
+        super().__init__(max_retry_count=max_retry_count)
+        self._outside = outside
+
+    async def prepare_for_next_attempt_async(
+        self,
+        *,
+        state: RetryState,
+        request: HttpRequest,
+        response: HttpResponse | None = None,
+        error: Exception | None = None,
+    ) -> None:
+        async with self._outside():
+            await super().prepare_for_next_attempt_async(
+                state=state, request=request, response=response, error=error
+            )
+
+
+def web_client(
+    token: str, api_url: str | None, *, outside: Outside = contextlib.nullcontext
+) -> AsyncWebClient:
+    """Slack's client, retrying dropped connections, 429s per Retry-After (waited out in
+    `outside`), and 500/503.
 
     A lost approval card strands a request; a duplicate needs Slack to have acted and then
     failed, which is rarer, and the second card's buttons resolve to the same approval.
@@ -44,7 +74,7 @@ def web_client(token: str, api_url: str | None) -> AsyncWebClient:
         session=aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)),
         retry_handlers=[
             AsyncConnectionErrorRetryHandler(max_retry_count=2),
-            AsyncRateLimitErrorRetryHandler(max_retry_count=3),
+            RateLimitWait(outside, max_retry_count=3),
             AsyncServerErrorRetryHandler(max_retry_count=2),
         ],
         **kwargs,
@@ -65,7 +95,7 @@ def build_app(
     deps: Deps, *, token: str, signing_secret: str | None, api_url: str | None
 ) -> AsyncApp:
     app = AsyncApp(
-        client=web_client(token, api_url),
+        client=web_client(token, api_url, outside=deps.background.outside),
         signing_secret=signing_secret or "",
         request_verification_enabled=signing_secret is not None,
         ignoring_self_events_enabled=True,

@@ -7,7 +7,8 @@ import contextlib
 import gc
 import logging
 import signal
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import aiohttp
@@ -23,6 +24,7 @@ from sqlalchemy import text
 from agent import policy_file as policy_files
 from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.files import FileTools
+from agent.limits import MessageLimits
 from agent.policy import PolicyDefaults
 from agent.policy_file import PolicyFile
 from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig, ToolModuleError
@@ -116,13 +118,20 @@ def read_policy_file(path: Path | None) -> PolicyFile | None:
 class Service:
     """Everything `python -m bot` runs, with start/stop so tests run the very same thing."""
 
-    def __init__(self, settings: Settings, *, host: str = "0.0.0.0") -> None:  # noqa: S104
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        host: str = "0.0.0.0",  # noqa: S104
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
         # Checked here too, not only by the CLI: without a signing secret Bolt would take
         # unsigned HTTP requests as Slack's.
         if problems := settings.serving_problems():
             raise ConfigError(problems)
         self.settings = settings
         self.host = host
+        self._clock = clock
         self.port: int | None = None
         # Connections kept open: past them, each burst opens (and the pool later closes)
         # one per extra request, which costs both sides far more than the statements.
@@ -139,10 +148,10 @@ class Service:
         if s.MIGRATE_ON_START:
             await upgrade(self._engine)
         policy_file = read_policy_file(s.POLICY_FILE)
-        background = Background(limit=s.MAX_CONCURRENT_TURNS)
+        background = Background(limit=s.MAX_CONCURRENT_TURNS, queue=s.MAX_QUEUED_TURNS)
         workflow = self._workflow(policy_file, background)
-        delivery = Delivery(workflow, clock=utc_now, stream_interval=s.STREAM_INTERVAL_SECONDS)
-        people = People(admin_users=s.ADMIN_USERS, clock=utc_now)
+        delivery = Delivery(workflow, clock=self._clock, stream_interval=s.STREAM_INTERVAL_SECONDS)
+        people = People(admin_users=s.ADMIN_USERS, clock=self._clock)
         home = HomeTabs(
             workflow=workflow,
             people=people,
@@ -156,7 +165,13 @@ class Service:
             delivery=delivery,
             people=people,
             background=background,
-            clicks=ClickLimit(clock=utc_now),
+            clicks=ClickLimit(clock=self._clock),
+            limits=MessageLimits(
+                make_session_factory(self._engine),
+                clock=self._clock,
+                per_user=s.USER_MESSAGES_PER_MINUTE,
+                per_team=s.TEAM_MESSAGES_PER_MINUTE,
+            ),
             home=home,
             assistant=AssistantThreads(s.ASSISTANT_PROMPTS),
         )
@@ -208,10 +223,11 @@ class Service:
                 make_session_factory(self._engine),
                 config,
                 defaults=defaults,
-                clock=utc_now,
+                clock=self._clock,
                 new_id=new_uuid,
                 lease=timedelta(seconds=s.RESUME_LEASE_SECONDS),
                 outside=background.outside,
+                model_calls=s.MAX_MODEL_CALLS,
                 files=FileTools(root=s.AGENT_FILES_ROOT, artifacts=s.AGENT_ARTIFACTS),
             )
             if policy_file is not None and s.POLICY_FILE is not None:
@@ -289,6 +305,7 @@ class Service:
                         len(report.expired),
                     )
                 await self.deps.delivery.sweep(self.app.client, report, streams)
+                await self.deps.limits.sweep()
             except Exception:
                 log.exception("recovery sweep failed; trying again next interval")
             await asyncio.sleep(self.settings.RECOVERY_INTERVAL_SECONDS)

@@ -64,6 +64,12 @@ class Settings(BaseSettings):
     RECOVERY_INTERVAL_SECONDS: float = Field(default=30.0, gt=0)
     RESUME_LEASE_SECONDS: float = Field(default=120.0, gt=0)
     MAX_CONCURRENT_TURNS: int = Field(default=8, ge=1, le=4096)
+    # Back-pressure and fair use: messages per minute (counted across replicas), messages
+    # waiting per process, and model calls in flight per process.
+    USER_MESSAGES_PER_MINUTE: int = Field(default=20, ge=1, le=100_000)
+    TEAM_MESSAGES_PER_MINUTE: int = Field(default=600, ge=1, le=1_000_000)
+    MAX_QUEUED_TURNS: int = Field(default=500, ge=1, le=1_000_000)
+    MAX_MODEL_CALLS: int = Field(default=32, ge=1, le=4096)
     LOG_LEVEL: str = "INFO"
 
     # Slack surfaces: how often a streamed reply is sent on (Slack rate limits the calls),

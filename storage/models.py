@@ -239,3 +239,16 @@ class SeenEventRow(Base):
 
     event_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     received_at: Mapped[datetime]
+
+
+class MessageCountRow(Base):
+    """Messages per workspace and person per minute (user_id "" counts the workspace), so
+    that the message limits hold across replicas. Rows of past minutes are swept away."""
+
+    __tablename__ = "message_counts"
+
+    team_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    minute: Mapped[datetime] = mapped_column(primary_key=True)
+    count: Mapped[int] = mapped_column(Integer)
+    told: Mapped[bool] = mapped_column(default=False)  # the "wait" reply is out
