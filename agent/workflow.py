@@ -266,19 +266,11 @@ class Workflow:
                 # Held for as long as the turn may run, so a second message never forks it.
                 until=now + self._turn_timeout + self._lease,
             )
-        except Exception:  # the database: nothing was held, the requester is told
+            if held is None:
+                return await self._taken(thread, requester, text)
+        except Exception:  # the database: no thread was held; the requester is told
             log.exception("could not take thread %s for a turn", thread.thread_ts)
             return Failed(thread)
-        if held is None:
-            waiting = await self._store.waiting_on(thread)
-            asked = [a for a in waiting if a.request.asks == "requester" and a.decision is None]
-            if text.strip() and asked and asked[0].request.requester == requester:
-                try:  # the requester's reply is the answer their question waits for
-                    answer = await self.answer(thread.team_id, asked[0].id, requester, text)
-                    return AnsweredInThread(thread, answer)
-                except (DecisionRefused, InvalidAnswer):
-                    pass  # answered meanwhile (the button), or its form wants a modal
-            return Busy(thread, waiting)
         scope = TurnScope(thread.team_id, requester, participants=held.participants)
         message = human_message(text, by=requester, at=now, viewing=viewing)
         try:
@@ -803,6 +795,19 @@ class Workflow:
             log.error("turn %s lost its lease while failing; another resume has it", claim.turn_id)
             return None
         return Resumed(Failed(claim.thread, retrying=retrying), settled)
+
+    async def _taken(self, thread: Thread, requester: str, text: str) -> TurnOutcome:
+        """A message to a thread another turn holds: the answer to the question it waits
+        on, if it is one, else Busy."""
+        waiting = await self._store.waiting_on(thread)
+        asked = [a for a in waiting if a.request.asks == "requester" and a.decision is None]
+        if text.strip() and asked and asked[0].request.requester == requester:
+            try:  # the requester's reply is the answer their question waits for
+                answer = await self.answer(thread.team_id, asked[0].id, requester, text)
+                return AnsweredInThread(thread, answer)
+            except (DecisionRefused, InvalidAnswer):
+                pass  # answered meanwhile (the button), or its form wants a modal
+        return Busy(thread, waiting)
 
     async def _release(self, conversation_id: str, *, snapshot_id: str | None) -> None:
         """Free the thread, trying again through a short database outage; after that its

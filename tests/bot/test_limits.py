@@ -8,19 +8,22 @@ messages a test sends, whenever it runs.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, select
 from sqlalchemy.engine import Engine
 
 from bot.server import Service
+from storage.db import SessionFactory
+from storage.models import MessageCountRow
 from tests.bot.conftest import DM, SlackClient, bot_settings, new_ts, settle
 from tests.bot.test_e2e import REQUESTER, TRANSFER, said, thread_posts
 from tests.conftest import poll
@@ -138,6 +141,29 @@ async def test_model_calls_in_flight_are_capped(
         await settle(client.service)
     assert len(gemini.generate_requests()) == 6
     assert gemini.most_answering == 2  # reached, never passed
+
+
+async def test_the_sweep_removes_the_counters_of_past_minutes(
+    start: Start, bot_sessions: SessionFactory, team: str
+) -> None:
+    old, current = NOW - timedelta(minutes=10), NOW.replace(second=0)
+    async with bot_sessions() as db:
+        for minute in (old, current):
+            db.add(MessageCountRow(team_id=team, user_id="", minute=minute, count=1, told=False))
+        await db.commit()
+
+    async def minutes() -> set[datetime]:
+        async with bot_sessions() as db:
+            query = select(MessageCountRow.minute).where(MessageCountRow.team_id == team)
+            return set((await db.scalars(query)).all())
+
+    async with start():  # its recovery sweep runs at once
+        for _ in range(200):  # polled, for 10 s at most
+            if await minutes() == {current}:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail(f"the sweep left {await minutes()}")
 
 
 @contextlib.contextmanager
