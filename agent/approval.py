@@ -186,15 +186,19 @@ def approval_middleware(
     outside: Outside = contextlib.nullcontext,
     observer: Observer | None = None,
     timeouts: ToolTimeouts = DEFAULT_TOOL_TIMEOUTS,
+    model_calls: AbstractAsyncContextManager[Any] | None = None,
 ) -> type[BaseMiddleware[Any]]:
     """Build the middleware class bound to this application's store and policy.
 
     `questions`: the tools that only ask a person (agent/questions.py): they are neither
     gated nor run, their calls become questions. `outside`: entered around each wait on the
     model or a tool, so whoever runs the turn (bot/background.py) can give the turn's place
-    to other work meanwhile. `observer`: told how each approved call ended.
+    to other work meanwhile. `observer`: told how each approved call ended. `model_calls`:
+    entered (inside `outside`) around each model call, to cap the calls in flight (a
+    semaphore): the turns the cap holds back wait without a work slot.
     """
     observer = observer or Observer()
+    model_gate = model_calls or contextlib.nullcontext()
 
     async def run_approved(
         approval_id: str,
@@ -284,7 +288,7 @@ def approval_middleware(
         ) -> ModelResponse:
             calls = scope.model if (scope := current_scope.get()) is not None else ModelCalls()
             calls.unanswered = True  # until it answers: a timeout may cancel it any moment
-            async with outside():
+            async with outside(), model_gate:
                 response = await next_fn(params, ctx)
             calls.unanswered = False
             stamp_refs(response, new_id)

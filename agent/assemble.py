@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import Callable
@@ -47,11 +48,13 @@ def build_workflow(
     observer: Observer | None = None,
     keep_data: timedelta = timedelta(days=90),
     keep_audit: timedelta = timedelta(days=400),
+    model_calls: int | None = None,
 ) -> Workflow:
     """`outside`: the hook a turn waits on the model or a tool in (see agent/approval.py);
     `files`: the file tools to mount (agent/files.py), their reads allowed by default;
     `observer`: told of decisions, tool executions and turns (agent/observer.py);
-    `keep_data`, `keep_audit`: what the sweep's retention keeps (storage/retention.py)."""
+    `keep_data`, `keep_audit`: what the sweep's retention keeps (storage/retention.py);
+    `model_calls`: how many model calls may be in flight at once (None: no cap)."""
     files = files or FileTools()
     defaults = defaults or PolicyDefaults()
     runtime: AgentRuntime
@@ -79,6 +82,7 @@ def build_workflow(
         outside=outside,
         observer=observer,
         timeouts=tool_timeouts,
+        model_calls=asyncio.Semaphore(model_calls) if model_calls else None,
     )
     runtime = build_runtime(
         config,

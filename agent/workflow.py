@@ -92,6 +92,7 @@ LEASE = timedelta(seconds=15)
 RENEW_RETRY = timedelta(seconds=1)
 RETRY_DELAY = timedelta(seconds=30)
 CARD_GRACE = timedelta(minutes=1)
+RELEASE_BACKOFF = (0.0, 0.5, 2.0)  # seconds before each attempt to free a thread
 HISTORY_DAYS = 30  # how far back a card counts the requester's earlier requests
 
 
@@ -305,25 +306,21 @@ class Workflow:
         """Run one employee message; returns the reply, or the approvals it now waits on.
         `viewing`: the channel the employee has open beside the thread, if Slack said."""
         now = self._clock()
-        held = await self._store.hold_thread(
-            thread,
-            author=requester,
-            new_id=self._new_id(),
-            now=now,
-            # Held while the turn runs (renewed by a heartbeat), so a second message never
-            # forks it; a process that dies holds it one lease at most.
-            until=now + self._lease,
-        )
-        if held is None:
-            waiting = await self._store.waiting_on(thread)
-            asked = [a for a in waiting if a.request.asks == "requester" and a.decision is None]
-            if text.strip() and asked and asked[0].request.requester == requester:
-                try:  # the requester's reply is the answer their question waits for
-                    answer = await self.answer(thread.team_id, asked[0].id, requester, text)
-                    return AnsweredInThread(thread, answer)
-                except (DecisionRefused, InvalidAnswer):
-                    pass  # answered meanwhile (the button), or its form wants a modal
-            return Busy(thread, waiting)
+        try:
+            held = await self._store.hold_thread(
+                thread,
+                author=requester,
+                new_id=self._new_id(),
+                now=now,
+                # Held while the turn runs (renewed by a heartbeat), so a second message
+                # never forks it; a process that dies holds it one lease at most.
+                until=now + self._lease,
+            )
+            if held is None:
+                return await self._taken(thread, requester, text)
+        except Exception:  # the database: no thread was held; the requester is told
+            log.exception("could not take thread %s for a turn", thread.thread_ts)
+            return Failed(thread)
         scope = TurnScope(thread.team_id, requester, participants=held.participants)
         message = human_message(text, by=requester, at=now, viewing=viewing)
         heartbeat = asyncio.create_task(self._keep_thread(held.conversation_id))
@@ -334,25 +331,27 @@ class Workflow:
                 _told(on_text, thread, requester),
                 lambda c: c.send_stream(AgentInput(message=message)),
             )
+            if out.finish_reason == AgentFinishReason.INTERRUPTED:
+                turn, approvals = await self._paused(held.conversation_id, thread, scope, out)
+                await self._store.pause(turn, approvals)
+                return AwaitingApproval(thread, approvals)
         except asyncio.CancelledError:  # a clean shutdown cut it off: free the thread now
             heartbeat.cancel()
             await self._store.release_thread(held.conversation_id, snapshot_id=None)
             raise
         except Exception:
+            # The model, a tool, or the database while pausing: the thread continues from
+            # before this turn, at once rather than when its hold runs out.
             log.exception(
                 "turn failed in conversation %s",
                 held.conversation_id,
                 extra={"conversation_id": held.conversation_id},
             )
-            await self._store.release_thread(held.conversation_id, snapshot_id=None)
+            await self._release(held.conversation_id, snapshot_id=None)
             return Failed(thread, model_unavailable=scope.model.unanswered)
         finally:
             heartbeat.cancel()
-        if out.finish_reason == AgentFinishReason.INTERRUPTED:
-            turn, approvals = await self._paused(held.conversation_id, thread, scope, out)
-            await self._store.pause(turn, approvals)
-            return AwaitingApproval(thread, approvals)
-        await self._store.release_thread(held.conversation_id, snapshot_id=out.snapshot_id)
+        await self._release(held.conversation_id, snapshot_id=out.snapshot_id)
         return Reply(thread, out.text)
 
     @_observed
@@ -954,6 +953,31 @@ class Workflow:
             )
             return None
         return Resumed(Failed(claim.thread, retrying, model_unavailable), settled)
+
+    async def _taken(self, thread: Thread, requester: str, text: str) -> TurnOutcome:
+        """A message to a thread another turn holds: the answer to the question it waits
+        on, if it is one, else Busy."""
+        waiting = await self._store.waiting_on(thread)
+        asked = [a for a in waiting if a.request.asks == "requester" and a.decision is None]
+        if text.strip() and asked and asked[0].request.requester == requester:
+            try:  # the requester's reply is the answer their question waits for
+                answer = await self.answer(thread.team_id, asked[0].id, requester, text)
+                return AnsweredInThread(thread, answer)
+            except (DecisionRefused, InvalidAnswer):
+                pass  # answered meanwhile (the button), or its form wants a modal
+        return Busy(thread, waiting)
+
+    async def _release(self, conversation_id: str, *, snapshot_id: str | None) -> None:
+        """Free the thread, trying again through a short database outage; after that its
+        hold runs out by itself (turn timeout plus lease)."""
+        for delay in RELEASE_BACKOFF:
+            await asyncio.sleep(delay)
+            try:
+                await self._store.release_thread(conversation_id, snapshot_id=snapshot_id)
+                return
+            except Exception:
+                log.warning("could not free conversation %s", conversation_id, exc_info=True)
+        log.error("conversation %s stays held until its hold runs out", conversation_id)
 
     async def _keep_lease(self, claim: Claim) -> None:
         """Renew the lease while the resume runs (a tool that runs for long included); stop

@@ -94,6 +94,10 @@ def _env(slack: FakeSlack, gemini: FakeGemini, extra: dict[str, str]) -> dict[st
         "AGENT_TOOLS": "tests.ledger_tools",
         "PORT": "0",
         "LOG_LEVEL": "INFO",
+        # One workspace sends the whole load: counted as always (the check's cost is part of
+        # what is measured), but never refused, so that every message is answered.
+        "TEAM_MESSAGES_PER_MINUTE": "1000000",
+        "MAX_QUEUED_TURNS": "1000000",
     }
     return env | extra | SERVICE_ENV
 

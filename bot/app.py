@@ -3,6 +3,7 @@ listeners, one error handler."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,6 +22,7 @@ from slack_sdk.http_retry.response import HttpResponse
 from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 
+from agent.approval import Outside
 from bot import listeners
 from bot.deps import Deps
 
@@ -28,6 +30,28 @@ log = logging.getLogger(__name__)
 
 Next = Callable[[], Awaitable[BoltResponse]]
 SlackErrorSink = Callable[[str, str], None]  # (method, error)
+
+
+class RateLimitWait(AsyncRateLimitErrorRetryHandler):
+    """Waits out a 429 per its Retry-After, in `outside` (bot/background.py): the work that
+    made the call gives its slot to other work meanwhile, instead of sleeping in it."""
+
+    def __init__(self, outside: Outside, max_retry_count: int) -> None:
+        super().__init__(max_retry_count=max_retry_count)
+        self._outside = outside
+
+    async def prepare_for_next_attempt_async(
+        self,
+        *,
+        state: RetryState,
+        request: HttpRequest,
+        response: HttpResponse | None = None,
+        error: Exception | None = None,
+    ) -> None:
+        async with self._outside():
+            await super().prepare_for_next_attempt_async(
+                state=state, request=request, response=response, error=error
+            )
 
 
 class SlackErrors(AsyncRetryHandler):
@@ -68,17 +92,25 @@ def slack_error(response: HttpResponse | None, error: Exception | None) -> str |
 
 
 def web_client(
-    token: str, api_url: str | None, errors: SlackErrorSink | None = None
+    token: str,
+    api_url: str | None,
+    errors: SlackErrorSink | None = None,
+    *,
+    outside: Outside = contextlib.nullcontext,
 ) -> AsyncWebClient:
     """Slack's client (see `configure`)."""
-    return configure(AsyncWebClient(token=token), api_url, errors)
+    return configure(AsyncWebClient(token=token), api_url, errors, outside=outside)
 
 
 def configure(
-    client: AsyncWebClient, api_url: str | None, errors: SlackErrorSink | None = None
+    client: AsyncWebClient,
+    api_url: str | None,
+    errors: SlackErrorSink | None = None,
+    *,
+    outside: Outside = contextlib.nullcontext,
 ) -> AsyncWebClient:
-    """`client`, retrying dropped connections, 429s per Retry-After, and 500/503; every
-    error answer goes to `errors` (bot/metrics.py).
+    """`client`, retrying dropped connections, 429s per Retry-After (waited out in
+    `outside`), and 500/503; every error answer goes to `errors` (bot/metrics.py).
 
     A lost approval card strands a request; a duplicate needs Slack to have acted and then
     failed, which is rarer, and the second card's buttons resolve to the same approval.
@@ -94,7 +126,7 @@ def configure(
     client.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
     client.retry_handlers = [
         AsyncConnectionErrorRetryHandler(max_retry_count=2),
-        AsyncRateLimitErrorRetryHandler(max_retry_count=3),
+        RateLimitWait(outside, max_retry_count=3),
         AsyncServerErrorRetryHandler(max_retry_count=2),
     ]
     if errors is not None:  # first: the handler that retries stops the others looking
@@ -129,7 +161,7 @@ def build_app(
         request_verification_enabled=signing_secret is not None,
         ignoring_self_events_enabled=True,
     )
-    configure(app.client, api_url, slack_errors)
+    configure(app.client, api_url, slack_errors, outside=deps.background.outside)
 
     @app.error
     async def on_error(

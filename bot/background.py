@@ -31,8 +31,10 @@ class Background:
     acknowledgements) short.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, queue: int | None = None) -> None:
+        """`limit` pieces work at once; `queue`: the backlog past which `full()` says so."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._queue = queue
         self._free = limit
         self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []  # a heap: place, seq
         self._places = itertools.count()
@@ -46,6 +48,12 @@ class Background:
     def waiting(self) -> int:
         """Pieces of work waiting for a slot now (greenlight_queue_depth)."""
         return sum(not handed.done() for _, _, handed in self._waiting)
+
+    def full(self) -> bool:
+        """Whether the work begun and not finished (running, waiting for a slot, or waiting
+        outside: on the model, a tool, a rate-limited Slack call) has reached `queue`. New
+        requests are then better refused than kept waiting without bound."""
+        return self._queue is not None and len(self._tasks) >= self._queue
 
     def spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
         parent = _current.get()

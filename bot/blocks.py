@@ -15,7 +15,7 @@ import re
 import unicodedata
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from agent.context import Line
 from agent.workflow import (
@@ -695,6 +695,20 @@ def busy_message(outcome: Busy) -> Message:
             f"Still waiting for approval of {tools} — I'll continue when it's decided."
         )
     return {"text": "I'm still working on your previous message."}
+
+
+def slow_down_message(over: Literal["user", "team"]) -> Message:
+    """To a message over a limit per minute (agent/limits.py); sent once a minute at most."""
+    who = "You're" if over == "user" else "Your workspace is"
+    return {
+        "text": f"{who} sending me messages faster than I can take them, so I skipped this "
+        "one. Please wait a minute, then send it again."
+    }
+
+
+def overloaded_message() -> Message:
+    """To a new message that finds this process's backlog full (MAX_QUEUED_TURNS)."""
+    return {"text": "I'm busy right now and didn't start on this. Please try again in a minute."}
 
 
 MODEL_UNAVAILABLE = "The model is unavailable right now. Try again in a few minutes."

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agent.limits import MessageLimits
 from agent.workflow import Workflow
 from bot.assistant import AssistantThreads
 from bot.background import Background
@@ -22,5 +23,6 @@ class Deps:
     people: People
     background: Background
     clicks: ClickLimit
+    limits: MessageLimits  # messages per person and workspace per minute
     assistant: AssistantThreads
     home: HomeTabs

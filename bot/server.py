@@ -9,7 +9,8 @@ import functools
 import gc
 import logging
 import signal
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import aiohttp
@@ -28,6 +29,7 @@ from agent import policy_file as policy_files
 from agent.approval import ToolTimeouts
 from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.files import FileTools
+from agent.limits import MessageLimits
 from agent.mcp_tools import McpServers, McpTools
 from agent.models import Credentials, ModelPluginError, Resilience
 from agent.policy import PolicyDefaults
@@ -143,13 +145,20 @@ def read_policy_file(path: Path | None) -> PolicyFile | None:
 class Service:
     """Everything `python -m bot` runs, with start/stop so tests run the very same thing."""
 
-    def __init__(self, settings: Settings, *, host: str = "0.0.0.0") -> None:  # noqa: S104
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        host: str = "0.0.0.0",  # noqa: S104
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
         # Checked here too, not only by the CLI: without a signing secret Bolt would take
         # unsigned HTTP requests as Slack's.
         if problems := settings.serving_problems():
             raise ConfigError(problems)
         self.settings = settings
         self.host = host
+        self._clock = clock
         self.port: int | None = None
         # Connections kept open: past them, each burst opens (and the pool later closes)
         # one per extra request, which costs both sides far more than the statements.
@@ -176,11 +185,11 @@ class Service:
             await upgrade(self._engine)
         policy_file = read_policy_file(s.POLICY_FILE)
         servers = mcp_servers(s, policy_file)
-        background = Background(limit=s.MAX_CONCURRENT_TURNS)
+        background = Background(limit=s.MAX_CONCURRENT_TURNS, queue=s.MAX_QUEUED_TURNS)
         self.metrics.queue_depth_from(lambda: background.waiting)
         workflow = self._workflow(policy_file, background, servers)
-        delivery = Delivery(workflow, clock=utc_now, stream_interval=s.STREAM_INTERVAL_SECONDS)
-        people = People(admin_users=s.ADMIN_USERS, clock=utc_now)
+        delivery = Delivery(workflow, clock=self._clock, stream_interval=s.STREAM_INTERVAL_SECONDS)
+        people = People(admin_users=s.ADMIN_USERS, clock=self._clock)
         home = HomeTabs(
             workflow=workflow,
             people=people,
@@ -195,7 +204,13 @@ class Service:
             delivery=delivery,
             people=people,
             background=background,
-            clicks=ClickLimit(clock=utc_now),
+            clicks=ClickLimit(clock=self._clock),
+            limits=MessageLimits(
+                make_session_factory(self._engine),
+                clock=self._clock,
+                per_user=s.USER_MESSAGES_PER_MINUTE,
+                per_team=s.TEAM_MESSAGES_PER_MINUTE,
+            ),
             home=home,
             assistant=AssistantThreads(s.ASSISTANT_PROMPTS),
         )
@@ -271,7 +286,7 @@ class Service:
                 make_session_factory(self._engine),
                 config,
                 defaults=defaults,
-                clock=utc_now,
+                clock=self._clock,
                 new_id=new_uuid,
                 lease=timedelta(seconds=s.RESUME_LEASE_SECONDS),
                 tool_timeouts=ToolTimeouts(
@@ -279,6 +294,7 @@ class Service:
                     policy_files.tool_timeouts(policy_file),
                 ),
                 outside=background.outside,
+                model_calls=s.MAX_MODEL_CALLS,
                 files=FileTools(root=s.AGENT_FILES_ROOT, artifacts=s.AGENT_ARTIFACTS),
                 observer=self.metrics,
                 keep_data=timedelta(days=s.RETENTION_DAYS),
@@ -382,6 +398,7 @@ class Service:
                 if report.purged.rows:
                     log.info("retention deleted %s", report.purged)
                 await self.deps.delivery.sweep(self.app.client, report, streams)
+                await self.deps.limits.sweep()
             except Exception:
                 log.exception("recovery sweep failed; trying again next interval")
             await asyncio.sleep(self.settings.RECOVERY_INTERVAL_SECONDS)

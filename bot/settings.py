@@ -79,6 +79,12 @@ class Settings(BaseSettings):
     MAX_CONCURRENT_TURNS: int = Field(default=8, ge=1, le=4096)
     RETENTION_DAYS: int = Field(default=90, ge=1, le=36500)
     AUDIT_RETENTION_DAYS: int = Field(default=400, ge=1, le=36500)
+    # Back-pressure and fair use: messages per minute (counted across replicas), messages
+    # waiting per process, and model calls in flight per process.
+    USER_MESSAGES_PER_MINUTE: int = Field(default=20, ge=1, le=100_000)
+    TEAM_MESSAGES_PER_MINUTE: int = Field(default=600, ge=1, le=1_000_000)
+    MAX_QUEUED_TURNS: int = Field(default=500, ge=1, le=1_000_000)
+    MAX_MODEL_CALLS: int = Field(default=32, ge=1, le=4096)
     LOG_LEVEL: str = "INFO"
     LOG_FORMAT: Literal["text", "json"] = "text"
 

@@ -266,3 +266,16 @@ class SeenEventRow(Base):
     received_at: Mapped[datetime]
 
     __table_args__ = (Index("ix_seen_events_received", "received_at"),)
+
+
+class MessageCountRow(Base):
+    """Messages per workspace and person per minute (user_id "" counts the workspace), so
+    that the message limits hold across replicas. Rows of past minutes are swept away."""
+
+    __tablename__ = "message_counts"
+
+    team_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    minute: Mapped[datetime] = mapped_column(primary_key=True)
+    count: Mapped[int] = mapped_column(Integer)
+    told: Mapped[bool] = mapped_column(default=False)  # the "wait" reply is out

@@ -57,16 +57,35 @@ async def handle(
         return
     bot_mention = f"<@{context.bot_user_id}>"
     thread = Thread(team, channel, thread_ts)
-    # In channels the app_mention event handles mentions; other messages only continue
-    # threads the bot is already part of.
-    in_channel = not mention and event.get("channel_type") != "im"
-    if in_channel and (bot_mention in text or not await deps.workflow.knows(thread)):
-        return
     event_id = body.get("event_id")
     if not (isinstance(event_id, str) and EVENT_ID.fullmatch(event_id)):
         return  # Slack always sends one; without it a retry could not be recognised
-    if not await deps.workflow.accept_event(event_id):
-        return  # Slack's retry of an event already handled
+    # In channels the app_mention event handles mentions; other messages only continue
+    # threads the bot is already part of.
+    in_channel = not mention and event.get("channel_type") != "im"
+    if in_channel and bot_mention in text:
+        return
+    try:
+        if in_channel and not await deps.workflow.knows(thread):
+            return
+        if not await deps.workflow.accept_event(event_id):
+            return  # Slack's retry of an event already handled
+        admission = await deps.limits.admit(team, event["user"])
+    except Exception:
+        # The database is down: a retry cannot be told apart nor the message counted, so
+        # nothing runs, and whoever was talking to the bot (a DM or a mention: a channel
+        # thread might not be ours) is told. Slack's retries may repeat the notice.
+        log.exception("database unavailable for event %s", event_id)
+        if not in_channel:
+            await deps.delivery.say(client, thread, blocks.failure_message(retrying=False))
+        return
+    if not admission.run:
+        if admission.tell and admission.over is not None:
+            await deps.delivery.say(client, thread, blocks.slow_down_message(admission.over))
+        return
+    if deps.background.full():
+        await deps.delivery.say(client, thread, blocks.overloaded_message())
+        return
     text = re.sub(rf"{re.escape(bot_mention)}\s*", "", text).strip()
     # An assistant thread shows Slack's status line instead of a placeholder. Elsewhere a
     # turn that must wait for a free slot shows progress now; one that starts at once

@@ -533,17 +533,30 @@ async def test_a_turn_waiting_for_a_free_slot_shows_progress_at_once(
     one_slot: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str
 ) -> None:
     gemini.script(text("first"), text("second"))
-    # The first turn keeps its slot while Slack makes it wait to post its answer.
-    fake_slack.fail_next("chat.startStream", status=429, retry_after=2)
+    # The first turn keeps its slot while Slack is slow to take its answer.
+    fake_slack.delays["chat.startStream"] = 2
     first, second = new_ts(), new_ts()
     assert (await one_slot.dm(team, REQUESTER, "one", ts=first))[0] == 200
-    await fake_slack.wait_for("chat.startStream", include_injected=True)
+    await poll(lambda: len(gemini.generate_requests()) == 1, "the first model call")
     assert (await one_slot.dm(team, REQUESTER, "two", ts=second))[0] == 200
     # The second thread shows progress while its turn waits for the only slot.
     await fake_slack.wait_for("chat.postMessage", predicate=in_channel(DM, second))
     assert len(gemini.generate_requests()) == 1
     await said(fake_slack, "second")
     assert streamed(fake_slack) == ["first", "second"]  # in order, one at a time
+
+
+async def test_a_turn_told_to_wait_by_slack_gives_its_slot_to_the_next(
+    one_slot: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str
+) -> None:
+    """A 429 is waited out (per Retry-After) without the work slot."""
+    gemini.script(text("first"), text("second"))
+    fake_slack.fail_next("chat.startStream", status=429, retry_after=2)
+    assert (await one_slot.dm(team, REQUESTER, "one", ts=new_ts()))[0] == 200
+    await fake_slack.wait_for("chat.startStream", include_injected=True)
+    assert (await one_slot.dm(team, REQUESTER, "two", ts=new_ts()))[0] == 200
+    await said(fake_slack, "first")
+    assert streamed(fake_slack) == ["second", "first"]  # answered during the first's wait
 
 
 async def test_healthz(client: SlackClient) -> None:

@@ -178,6 +178,11 @@ class FakeGemini:
         self._listing_failures = 0
         self._listing_status = 503
         self._runner: web.AppRunner | None = None
+        self.answering = 0  # generate calls being answered now
+        self.most_answering = 0  # the most answered at once
+        # Cleared by a test: every generate call waits until it is set again.
+        self.open = asyncio.Event()
+        self.open.set()
 
     async def __aenter__(self) -> Self:
         app = web.Application()
@@ -305,6 +310,17 @@ class FakeGemini:
             )
         item = queue.popleft()
         reply = item if isinstance(item, Reply) else item(rec.json or {})
+        self.answering += 1
+        self.most_answering = max(self.most_answering, self.answering)
+        try:
+            return await self._answer(request, reply, stream=stream)
+        finally:
+            self.answering -= 1
+
+    async def _answer(
+        self, request: web.Request, reply: Reply, *, stream: bool
+    ) -> web.StreamResponse:
+        await self.open.wait()
         if reply.delay:
             await asyncio.sleep(reply.delay)  # simulated latency, server side only
         if reply.status != 200:
