@@ -195,6 +195,7 @@ class Observer:
     def __init__(self, slack: FakeSlack) -> None:
         self.by_key: dict[str, Conv] = {}
         self.by_thread: dict[tuple[str, str], Conv] = {}
+        self.streams: dict[str, Conv] = {}  # a streaming reply's ts: its conversation
         self.stray = 0
         self.trace: list[tuple[float, str]] | None = None
         self.last_call = 0.0  # when the service last called Slack or Gemini
@@ -224,6 +225,16 @@ class Observer:
             result = handler(args)
             if method == "chat.postMessage" and result.get("ok"):
                 self._posted(at, args, result)
+            elif method == "chat.startStream" and result.get("ok"):  # a reply streams
+                conv = self.by_thread.get((str(args.get("channel")), str(args.get("thread_ts"))))
+                if conv is not None:
+                    self.streams[str(result["ts"])] = conv
+            elif method == "chat.stopStream" and result.get("ok"):  # ... and is whole now
+                conv = self.streams.pop(str(args.get("ts")), None)
+                if conv is None:
+                    self.stray += 1
+                else:
+                    self._replied(conv, at)
             return result
 
         return wrapped
@@ -259,9 +270,13 @@ class Observer:
             if not conv.placeholder.done():
                 conv.placeholder.set_result(at)
         else:
-            conv.replies += 1
-            if not conv.reply.done():
-                conv.reply.set_result(at)
+            self._replied(conv, at)
+
+    @staticmethod
+    def _replied(conv: Conv, at: float) -> None:
+        conv.replies += 1
+        if not conv.reply.done():
+            conv.reply.set_result(at)
 
 
 # -- the process under test ------------------------------------------------------------------
