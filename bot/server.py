@@ -398,6 +398,7 @@ class Service:
                 if report.purged.rows:
                     log.info("retention deleted %s", report.purged)
                 await self.deps.delivery.sweep(self.app.client, report, streams)
+                await streams.close_rest()
                 await self.deps.limits.sweep()
             except Exception:
                 log.exception("recovery sweep failed; trying again next interval")

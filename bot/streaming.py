@@ -240,3 +240,10 @@ class Streams:
     def take(self, thread: Thread) -> ReplyStream | None:
         """The thread's stream, for its outcome to close (each is closed once)."""
         return self._open.pop(thread, None)
+
+    async def close_rest(self) -> None:
+        """Stop the streams no outcome took (a resume that lost its lease midway): what
+        they said stays, and Slack does not show them as still typing."""
+        rest, self._open = list(self._open.values()), {}
+        for stream in rest:
+            await stream.close(None)

@@ -138,6 +138,7 @@ async def settled(deps: Deps, client: AsyncWebClient, decided: Decided) -> None:
             resumed = await deps.workflow.continue_turn(turn_id, on_text=streams)
             if resumed is not None:
                 await deps.delivery.resumed(client, resumed, streams)
+            await streams.close_rest()
 
         deps.background.spawn(resume(), name=f"resume {turn_id}")
     await deps.delivery.refresh_card(client, decided.approval)
