@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from agent.workflow import Progress, Thread
+from bot.app import web_client
 from bot.server import Service
+from bot.streaming import Streams
 from tests.bot.conftest import DM, SlackClient, new_ts, settle
 from tests.bot.test_e2e import BOSS, REQUESTER, ask, reply_in_thread, said, text_of
 from tests.fakes.gemini import FakeGemini, text
@@ -112,3 +115,25 @@ async def test_a_url_in_a_streamed_reply_is_code_never_a_link(
     reply = await said(fake_slack, "See ", prefix=True)
     await settle(service)
     assert reply["text"] == "See `https://evil.example/x?secret=1` and &lt;!here&gt; ok"
+
+
+async def test_a_stream_no_outcome_took_is_stopped_with_what_it_said(
+    fake_slack: FakeSlack,
+) -> None:
+    """A resume that lost its lease midway has no outcome to close its stream: the piece of
+    work stops it, so Slack does not show the bot as still writing."""
+    client = web_client("xoxb-test", fake_slack.base_url)
+    try:
+        streams = Streams(client, interval=0)
+        thread = Thread("T0TEAM", DM, new_ts())
+        await streams(Progress(thread, REQUESTER))
+        await streams(Progress(thread, REQUESTER, "Half a reply "))
+        await streams.close_rest()
+        await streams.close_rest()  # nothing left: nothing more sent
+    finally:
+        assert client.session is not None
+        await client.session.close()
+    (stopped,) = fake_slack.calls_to("chat.stopStream")
+    [message] = fake_slack.thread(DM, thread.thread_ts)
+    assert message["ts"] == stopped.args["ts"] and message["text"] == "Half a reply "
+    assert fake_slack.finished(message)
