@@ -35,18 +35,24 @@ class Prompt:
 class AssistantThreads:
     def __init__(self, prompts: Sequence[Prompt]) -> None:
         self.prompts = tuple(prompts)
-        self._viewing: OrderedDict[Thread, str] = OrderedDict()
+        # Assistant threads seen here, and the channel open beside each (None: not said).
+        self._threads: OrderedDict[Thread, str | None] = OrderedDict()
 
     def viewing(self, thread: Thread) -> str | None:
         """The channel the employee has open beside the thread, if Slack said."""
-        return self._viewing.get(thread)
+        return self._threads.get(thread)
 
-    def saw(self, thread: Thread, channel: str | None) -> None:
-        self._viewing.pop(thread, None)
-        if channel is not None:
-            self._viewing[thread] = channel
-            while len(self._viewing) > THREADS_KEPT:
-                self._viewing.popitem(last=False)
+    def knows(self, thread: Thread) -> bool:
+        """Whether the thread is an assistant thread (one seen here), which has a status
+        line: a resume cannot tell from the thread alone."""
+        return thread in self._threads
+
+    def saw(self, thread: Thread, channel: str | None = None) -> None:
+        """An assistant thread, opened or followed beside `channel`, or written in."""
+        known = self._threads.pop(thread, None)
+        self._threads[thread] = channel or known
+        while len(self._threads) > THREADS_KEPT:
+            self._threads.popitem(last=False)
 
 
 def is_assistant_thread(event: dict[str, object]) -> bool:

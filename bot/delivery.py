@@ -53,11 +53,17 @@ def card_mark(approval: Approval) -> dict[str, Any]:
 
 class Delivery:
     def __init__(
-        self, workflow: Workflow, *, clock: Callable[[], datetime], stream_interval: float = 1.0
+        self,
+        workflow: Workflow,
+        *,
+        clock: Callable[[], datetime],
+        stream_interval: float = 1.0,
+        assistant_thread: Callable[[Thread], bool] = lambda thread: False,
     ) -> None:
         self._workflow = workflow
         self._clock = clock
         self._stream_interval = stream_interval
+        self._assistant_thread = assistant_thread
         self._channel_names: dict[str, str] = {}
         self._on_change: Callable[[AsyncWebClient, Approval], None] | None = None
         # A message's permalink never changes: ask Slack once per message, not per redraw.
@@ -92,24 +98,22 @@ class Delivery:
         await self.say(client, outcome.thread, message, replace=placeholder)
         # An assistant thread's status line says what the turn waits for; set after the
         # note, since a post clears it.
-        if isinstance(outcome, AwaitingApproval) and (stream is None or stream.status):
+        if isinstance(outcome, AwaitingApproval) and self._assistant_thread(outcome.thread):
             await self.status(client, outcome.thread, await self._waiting(client, outcome))
 
-    def streams(self, client: AsyncWebClient, *, status: bool = True) -> Streams:
+    def streams(self, client: AsyncWebClient) -> Streams:
         """The text sink for the turns one piece of work runs: each reply streams into its
-        thread, and an assistant thread shows "is thinking…" as its turn starts (`status`:
-        the thread may be one; a resume cannot tell, a new message can)."""
+        thread, and an assistant thread shows "is thinking…" as its turn starts."""
         return Streams(
             client,
             interval=self._stream_interval,
-            on_start=(lambda thread: self.status(client, thread, THINKING)) if status else None,
+            on_start=lambda thread: self.status(client, thread, THINKING),
         )
 
     async def status(self, client: AsyncWebClient, thread: Thread, status: str) -> None:
-        """The line under an assistant thread's composer ("is thinking…"). Assistant threads
-        live in the app's DMs; elsewhere (or for a DM not in one) Slack refuses the call,
-        which costs nothing but the call: the thread shows its placeholder instead."""
-        if not thread.channel_id.startswith("D"):
+        """The line under an assistant thread's composer ("is thinking…"), in the assistant
+        threads this process has seen (elsewhere Slack would refuse the call)."""
+        if not self._assistant_thread(thread):
             return
         try:
             await client.assistant_threads_setStatus(

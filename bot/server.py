@@ -188,7 +188,13 @@ class Service:
         background = Background(limit=s.MAX_CONCURRENT_TURNS, queue=s.MAX_QUEUED_TURNS)
         self.metrics.queue_depth_from(lambda: background.waiting)
         workflow = self._workflow(policy_file, background, servers)
-        delivery = Delivery(workflow, clock=self._clock, stream_interval=s.STREAM_INTERVAL_SECONDS)
+        assistant = AssistantThreads(s.ASSISTANT_PROMPTS)
+        delivery = Delivery(
+            workflow,
+            clock=self._clock,
+            stream_interval=s.STREAM_INTERVAL_SECONDS,
+            assistant_thread=assistant.knows,
+        )
         people = People(admin_users=s.ADMIN_USERS, clock=self._clock)
         home = HomeTabs(
             workflow=workflow,
@@ -212,7 +218,7 @@ class Service:
                 per_team=s.TEAM_MESSAGES_PER_MINUTE,
             ),
             home=home,
-            assistant=AssistantThreads(s.ASSISTANT_PROMPTS),
+            assistant=assistant,
         )
         assert s.SLACK_BOT_TOKEN is not None
         signing = s.SLACK_SIGNING_SECRET.get_secret_value() if s.SLACK_SIGNING_SECRET else None

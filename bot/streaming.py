@@ -1,11 +1,13 @@
 """The agent's reply, streamed into its thread as the model writes it.
 
 Slack's streaming messages (`chat.startStream` / `appendStream` / `stopStream`, through
-slack_sdk's `chat_stream`) show the text as it grows. Appends are batched: the first text
-starts the stream at once, later text goes out at most once per `interval` (Slack rate
-limits the calls per channel). Where Slack refuses a stream (an old workspace, a surface
-without streaming, a stream that expired) the reply falls back to one message rewritten
-with `chat.update`, at most once per `interval`, as before streams existed.
+slack_sdk's `chat_stream`) show the text as it grows. Appends are batched: text goes out at
+most once per `interval` (Slack rate limits the calls per channel), the first once it is
+`interval` old, so a reply the model finishes sooner is one ordinary message, not a stream
+of three calls; the stop carries the last words. Where Slack refuses a stream (an old
+workspace, a surface without streaming, a stream that expired) the reply falls back to one
+message rewritten with `chat.update`, at most once per `interval`, as before streams
+existed.
 
 Model output is untrusted: every piece is escaped (bot/blocks.py `escape`) before it is
 sent; escaping is per character, so escaping the pieces equals escaping the whole.
@@ -66,11 +68,9 @@ class ReplyStream:
         *,
         interval: float,
         placeholder: asyncio.Task[str | None] | None = None,
-        status: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client, self._thread, self._recipient = client, thread, recipient
-        self.status = status  # the thread may be an assistant thread, with a status line
         self._interval, self._clock = interval, clock
         self._placeholder = placeholder
         self._streamer: AsyncChatStream | None = None
@@ -87,12 +87,15 @@ class ReplyStream:
         return self._stream_ts is not None or self._fallback_ts is not None
 
     async def write(self, so_far: str) -> None:
-        """The model's text so far in this turn (it only grows)."""
+        """The model's text so far in this turn (it only grows). Nothing is sent before the
+        text is `interval` old: a quick reply goes out whole, as one message (one call)."""
         if not so_far.startswith(self._seen):  # never the case for Genkit's accumulated text
             return
+        now = self._clock()
+        if not self._seen:
+            self._last = now  # the first text: the interval runs from here
         self._seen = so_far[: blocks.REPLY_MAX]
-        due = self._clock() - self._last >= self._interval
-        if self._sent < len(self._seen) and (not self.started or due):
+        if self._sent < len(self._seen) and now - self._last >= self._interval:
             await self._flush()
 
     async def close(self, reply: str | None) -> Closed:
@@ -101,13 +104,14 @@ class ReplyStream:
         if self._stopped:
             return Closed(False, None)
         self._stopped = True
-        if not self.started and reply is not None and reply.strip() and not self._seen:
-            await self.write(reply)  # a model that answered without streaming chunks
-        if self._sent < len(self._seen):
-            await self._flush(final=True)
+        if not self.started:  # the whole reply, if any, is the outcome's one message
+            return Closed(False, await self._placeholder_ts())
         if self._stream_ts is not None and self._streamer is not None:
+            rest = self._seen[self._sent :]
+            self._sent = len(self._seen)
+            tail = blocks.inert_links(blocks.escape(rest)) + self._tail(reply)
             try:
-                await self._streamer.stop(markdown_text=self._tail(reply))
+                await self._streamer.stop(markdown_text=tail or None)
                 return Closed(reply is not None, None)
             except SlackError as exc:  # the stream expired: the message gets the whole text
                 log.warning("could not stop the reply stream: %r", exc)
@@ -118,15 +122,13 @@ class ReplyStream:
             return Closed(False, self._fallback_ts)  # rewritten with the whole reply
         return Closed(False, await self._placeholder_ts())
 
-    def _tail(self, reply: str | None) -> str | None:
-        """What the stop carries: the note that the reply was cut, if it was."""
-        if reply is not None and len(reply) > blocks.REPLY_MAX:
-            return SHORTENED
-        return None
+    def _tail(self, reply: str | None) -> str:
+        """The note that the reply was cut, if it was."""
+        return SHORTENED if reply is not None and len(reply) > blocks.REPLY_MAX else ""
 
-    async def _flush(self, *, final: bool = False) -> None:
+    async def _flush(self) -> None:
         self._last = self._clock()
-        upto = len(self._seen) if final else _word_end(self._seen, self._sent)
+        upto = _word_end(self._seen, self._sent)
         if upto <= self._sent:
             return  # one word so far: it goes out whole, so a URL in it is seen whole
         piece = blocks.inert_links(blocks.escape(self._seen[self._sent : upto]))
@@ -223,7 +225,6 @@ class Streams:
             recipient,
             interval=self._interval,
             placeholder=placeholder,
-            status=self._on_start is not None,
         )
         self._open[thread] = stream
         return stream

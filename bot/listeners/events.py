@@ -118,6 +118,8 @@ async def run_turn(
         await deps.delivery.say(client, thread, blocks.reply_message(HELLO))
         return
     titling = None
+    if assistant:
+        deps.assistant.saw(thread)  # it has a status line (resumes will show it too)
     # The first message names the thread in the assistant's history (asked before the
     # turn makes the thread known).
     if assistant and not await deps.workflow.knows(thread):
@@ -125,7 +127,7 @@ async def run_turn(
     elif not assistant and posting is None:
         posting = asyncio.create_task(deps.delivery.say(client, thread, blocks.thinking_message()))
     deps.delivery.warm_link(client, thread)  # the card names the thread, if there is a card
-    streams = deps.delivery.streams(client, status=assistant)
+    streams = deps.delivery.streams(client)
     streams.open(thread, user, posting)
     viewing = deps.assistant.viewing(thread) if assistant else None
     try:

@@ -138,10 +138,9 @@ async def said(
     return await fake_slack.wait_for_message(match, timeout=timeout)
 
 
-def streamed(fake_slack: FakeSlack) -> list[str]:
-    """The texts replies started streaming with, in the order they started."""
-    starts = [c for c in fake_slack.calls_to("chat.startStream") if not c.injected]
-    return ["".join(chunk["text"] for chunk in c.args["chunks"]) for c in starts]
+def replies(fake_slack: FakeSlack) -> list[str]:
+    """The quick replies (each its placeholder rewritten), in the order they were made."""
+    return [text_of(c) for c in fake_slack.calls_to("chat.update") if not c.injected]
 
 
 def thread_posts(fake_slack: FakeSlack, thread_ts: str) -> list[Call]:
@@ -351,8 +350,7 @@ async def test_a_retried_event_runs_the_agent_once(
     await settle(service)
     assert done["thread_ts"] == ts
     assert len(gemini.generate_requests()) == 1
-    # one placeholder (gone once the reply streamed under it), one turn, one reply
-    assert len(thread_posts(fake_slack, ts)) == 2
+    assert len(thread_posts(fake_slack, ts)) == 1  # one placeholder, one turn
     assert [m["text"] for m in fake_slack.thread(DM, ts)] == ["Hello there."]
 
 
@@ -525,7 +523,7 @@ async def test_a_turn_waiting_on_the_model_gives_its_slot_to_the_next(
     await poll(lambda: len(gemini.generate_requests()) == 1, "the first model call")
     assert (await one_slot.dm(team, REQUESTER, "two", ts=new_ts()))[0] == 200
     await said(fake_slack, "first")
-    answers = streamed(fake_slack)
+    answers = replies(fake_slack)
     assert answers.index("second") < answers.index("first")
 
 
@@ -534,7 +532,7 @@ async def test_a_turn_waiting_for_a_free_slot_shows_progress_at_once(
 ) -> None:
     gemini.script(text("first"), text("second"))
     # The first turn keeps its slot while Slack is slow to take its answer.
-    fake_slack.delays["chat.startStream"] = 2
+    fake_slack.delays["chat.update"] = 2
     first, second = new_ts(), new_ts()
     assert (await one_slot.dm(team, REQUESTER, "one", ts=first))[0] == 200
     await poll(lambda: len(gemini.generate_requests()) == 1, "the first model call")
@@ -543,7 +541,7 @@ async def test_a_turn_waiting_for_a_free_slot_shows_progress_at_once(
     await fake_slack.wait_for("chat.postMessage", predicate=in_channel(DM, second))
     assert len(gemini.generate_requests()) == 1
     await said(fake_slack, "second")
-    assert streamed(fake_slack) == ["first", "second"]  # in order, one at a time
+    assert replies(fake_slack) == ["first", "second"]  # in order, one at a time
 
 
 async def test_a_turn_told_to_wait_by_slack_gives_its_slot_to_the_next(
@@ -551,12 +549,12 @@ async def test_a_turn_told_to_wait_by_slack_gives_its_slot_to_the_next(
 ) -> None:
     """A 429 is waited out (per Retry-After) without the work slot."""
     gemini.script(text("first"), text("second"))
-    fake_slack.fail_next("chat.startStream", status=429, retry_after=2)
+    fake_slack.fail_next("chat.update", status=429, retry_after=2)
     assert (await one_slot.dm(team, REQUESTER, "one", ts=new_ts()))[0] == 200
-    await fake_slack.wait_for("chat.startStream", include_injected=True)
+    await fake_slack.wait_for("chat.update", include_injected=True)
     assert (await one_slot.dm(team, REQUESTER, "two", ts=new_ts()))[0] == 200
     await said(fake_slack, "first")
-    assert streamed(fake_slack) == ["second", "first"]  # answered during the first's wait
+    assert replies(fake_slack) == ["second", "first"]  # answered during the first's wait
 
 
 async def test_healthz(client: SlackClient) -> None:

@@ -122,15 +122,15 @@ async def test_slack_api_errors_are_counted_by_method_and_error(
     client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
 ) -> None:
     gemini.script(text("Hello."))
-    # A 429 first (retried, and then posted), then an error on the answer's stream.
+    # A 429 first (retried, and then posted), then an error on the answer's update.
     fake_slack.fail_next("chat.postMessage", status=429, retry_after=0)
-    fake_slack.fail_next("chat.startStream", error="msg_too_long")
+    fake_slack.fail_next("chat.update", error="msg_too_long")
     await client.dm(team, REQUESTER, "hi", ts=new_ts())
     await settle(service)
     counted = await scrape(client)
     errors = "greenlight_slack_api_errors_total"
     assert counted.value(errors, method="chat.postMessage", error="ratelimited") == 1
-    assert counted.value(errors, method="chat.startStream", error="msg_too_long") == 1
+    assert counted.value(errors, method="chat.update", error="msg_too_long") == 1
     assert len(fake_slack.calls_to("chat.postMessage")) >= 2  # the retry went out
 
 

@@ -63,15 +63,20 @@ async def test_a_reply_after_an_approval_streams_in_pieces(
     assert calls.count("chat.appendStream") >= 2, calls
 
 
-async def test_pieces_are_batched_by_default(
+async def test_a_reply_quicker_than_the_interval_is_one_message(
     client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
 ) -> None:
-    """Five pieces arriving within moments: a start and a stop, no append per piece."""
+    """Five pieces arriving within moments (the default interval is a second): no stream,
+    the placeholder becomes the reply, one call."""
     gemini.script(text("One ", "two ", "three ", "four ", "five."))
-    assert (await client.dm(team, REQUESTER, "count", ts=new_ts()))[0] == 200
+    ts = new_ts()
+    assert (await client.dm(team, REQUESTER, "count", ts=ts))[0] == 200
     await said(fake_slack, "One two three four five.")
     await settle(service)
-    assert stream_calls(fake_slack).count("chat.appendStream") <= 1
+    assert stream_calls(fake_slack) == []
+    assert len(fake_slack.calls_to("chat.postMessage")) == 1  # the placeholder
+    assert len(fake_slack.calls_to("chat.update")) == 1  # ... made the reply
+    assert [m["text"] for m in fake_slack.thread(DM, ts)] == ["One two three four five."]
 
 
 @EVERY_PIECE
@@ -105,6 +110,7 @@ async def test_a_stream_that_expires_midway_still_ends_whole(
     assert [m["text"] for m in fake_slack.thread(DM, ts)] == ["Half and the rest."]
 
 
+@EVERY_PIECE
 async def test_a_url_in_a_streamed_reply_is_code_never_a_link(
     client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
 ) -> None:

@@ -64,7 +64,11 @@ async def test_a_thread_shows_thinking_is_titled_once_and_replies_without_a_plac
     assert statuses(fake_slack, thread) == ["is thinking…", "is thinking…"]
     (titled,) = fake_slack.calls_to("assistant.threads.setTitle")  # the first message only
     assert titled.args["title"] == "What can you do for me today, in a few words please?"
-    assert not fake_slack.calls_to("chat.postMessage")  # the status line, not a placeholder
+    # The status line, not a placeholder: the replies are the only posts.
+    assert [c.args["text"] for c in fake_slack.calls_to("chat.postMessage")] == [
+        "Hello!",
+        "Still here.",
+    ]
 
 
 async def test_a_paused_thread_says_where_it_waits_for_approval(
