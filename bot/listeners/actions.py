@@ -11,6 +11,7 @@ import contextlib
 import json
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -176,64 +177,73 @@ async def on_approve(
     deps.background.spawn(approve(deps, client, parsed, seen, home=home), name="approve")
 
 
+@dataclass(frozen=True)
+class Opening:
+    """A click that opens a modal about a request, by someone the checks let through."""
+
+    approval: Approval
+    parsed: tuple[str, str, str | None, str]
+    home: bool
+    trigger: str
+
+    def metadata(self, **extra: object) -> str:
+        """What the modal's submission needs: which request, where it was clicked."""
+        _, _, channel, approval_id = self.parsed
+        return json.dumps(
+            {"approval_id": approval_id, "channel": channel, **extra, "home": self.home}
+        )
+
+
+async def opening(
+    deps: Deps, client: AsyncWebClient, body: dict[str, Any], *, answers: bool = False
+) -> Opening | None:
+    """The request a modal-opening button is about, if the clicker may decide it (or, with
+    `answers`, answer it); else None, the clicker told why."""
+    parsed, home = clicked(body), from_home(body)
+    trigger = body.get("trigger_id")
+    if parsed is None or not isinstance(trigger, str):
+        return None
+    if await too_fast(deps, client, parsed, home=home):
+        return None
+    team, user, channel, approval_id = parsed
+    facts = facts_for(deps, client, user, channel, home=home)
+    check = deps.workflow.check_answerer if answers else deps.workflow.check_decider
+    try:
+        approval = await check(team, approval_id, user, facts)
+    except DecisionRefused as refusal:
+        await refuse(deps, client, refusal, parsed, home=home)
+        return None
+    return Opening(approval, parsed, home, trigger)
+
+
 async def on_edit_approve(
     ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
 ) -> None:
     """Edit & approve: the call's input in a form from the tool's schema, prefilled with what
     the card showed (bot/listeners/views.py approves with the changes)."""
     await ack()
-    parsed, home = clicked(body), from_home(body)
-    trigger = body.get("trigger_id")
-    if parsed is None or not isinstance(trigger, str):
+    if (opened := await opening(deps, client, body)) is None:
         return
-    if await too_fast(deps, client, parsed, home=home):
-        return
-    team, user, channel, approval_id = parsed
-    facts = facts_for(deps, client, user, channel, home=home)
-    try:
-        approval = await deps.workflow.check_decider(team, approval_id, user, facts)
-    except DecisionRefused as refusal:
-        await refuse(deps, client, refusal, parsed, home=home)
-        return
+    approval = opened.approval
     form = deps.workflow.edit_form(approval.request.tool)
     if form is None:
-        await tell(deps, client, parsed, blocks.not_editable(approval), home=home)
+        await tell(deps, client, opened.parsed, blocks.not_editable(approval), home=opened.home)
         return
     shown = approval.edit.input if approval.edit else approval.request.input
     view = blocks.edit_modal(approval, forms.form_blocks(form, shown))
     seen = seen_in(button(body))
-    view["private_metadata"] = json.dumps(
-        {
-            "approval_id": approval_id,
-            "channel": channel,
-            "seen": button(body) if seen else None,
-            "home": home,
-        }
-    )
-    await client.views_open(trigger_id=trigger, view=view)
+    view["private_metadata"] = opened.metadata(seen=button(body) if seen else None)
+    await client.views_open(trigger_id=opened.trigger, view=view)
 
 
 async def on_deny(ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps) -> None:
     """Ask for a reason in a modal (bot/listeners/views.py records the denial)."""
     await ack()
-    parsed, home = clicked(body), from_home(body)
-    trigger = body.get("trigger_id")
-    if parsed is None or not isinstance(trigger, str):
+    if (opened := await opening(deps, client, body)) is None:
         return
-    if await too_fast(deps, client, parsed, home=home):
-        return
-    team, user, channel, approval_id = parsed
-    facts = facts_for(deps, client, user, channel, home=home)
-    try:
-        approval = await deps.workflow.check_decider(team, approval_id, user, facts)
-    except DecisionRefused as refusal:
-        await refuse(deps, client, refusal, parsed, home=home)
-        return
-    view = blocks.deny_modal(approval)
-    view["private_metadata"] = json.dumps(
-        {"approval_id": approval_id, "channel": channel, "home": home}
-    )
-    await client.views_open(trigger_id=trigger, view=view)
+    view = blocks.deny_modal(opened.approval)
+    view["private_metadata"] = opened.metadata()
+    await client.views_open(trigger_id=opened.trigger, view=view)
 
 
 async def on_show_request(
@@ -333,25 +343,12 @@ async def on_answer(
 ) -> None:
     """Answer a question in a modal: free text, or the form its tool gives."""
     await ack()
-    parsed, home = clicked(body), from_home(body)
-    trigger = body.get("trigger_id")
-    if parsed is None or not isinstance(trigger, str):
+    if (opened := await opening(deps, client, body, answers=True)) is None:
         return
-    if await too_fast(deps, client, parsed, home=home):
-        return
-    team, user, channel, approval_id = parsed
-    facts = facts_for(deps, client, user, channel, home=home)
-    try:
-        approval = await deps.workflow.check_answerer(team, approval_id, user, facts)
-    except DecisionRefused as refusal:
-        await refuse(deps, client, refusal, parsed, home=home)
-        return
-    form = deps.workflow.question_form(approval.request.tool)
-    view = blocks.answer_modal(approval, forms.form_blocks(form) if form else None)
-    view["private_metadata"] = json.dumps(
-        {"approval_id": approval_id, "channel": channel, "home": home}
-    )
-    await client.views_open(trigger_id=trigger, view=view)
+    form = deps.workflow.question_form(opened.approval.request.tool)
+    view = blocks.answer_modal(opened.approval, forms.form_blocks(form) if form else None)
+    view["private_metadata"] = opened.metadata()
+    await client.views_open(trigger_id=opened.trigger, view=view)
 
 
 def register(app: AsyncApp) -> None:
