@@ -31,8 +31,15 @@ def main(argv: list[str] | None = None) -> int:
         from bot.audit_export import main as audit_main
 
         return audit_main(args[1:])
+    if args[:1] == ["keys"]:
+        from bot.keys_cli import main as keys_main
+
+        return keys_main(args[1:])
     if args and args[0] not in {"serve"}:
-        print("usage: greenlight [serve|demo|audit export --since DATE]", file=sys.stderr)
+        print(
+            "usage: greenlight [serve|demo|audit export --since DATE|keys create|revoke …]",
+            file=sys.stderr,
+        )
         return 2
     settings = settings_or_exit()
     from bot.server import serve

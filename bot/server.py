@@ -29,6 +29,7 @@ from agent import policy_file as policy_files
 from agent.approval import ToolTimeouts
 from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.files import FileTools
+from agent.keys import ApiKeys
 from agent.limits import MessageLimits
 from agent.mcp_tools import McpServers, McpTools
 from agent.models import Credentials, ModelPluginError, Resilience
@@ -219,6 +220,7 @@ class Service:
             ),
             home=home,
             assistant=assistant,
+            keys=ApiKeys(make_session_factory(self._engine), clock=self._clock, new_id=new_uuid),
         )
         assert s.SLACK_BOT_TOKEN is not None
         signing = s.SLACK_SIGNING_SECRET.get_secret_value() if s.SLACK_SIGNING_SECRET else None
