@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import re
 import sys
+from collections.abc import Callable
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -24,7 +25,7 @@ from storage.db import make_engine, make_session_factory
 SLACK_ID = re.compile(r"^[UWT][A-Z0-9]{2,31}$")
 
 
-def _id(kind: str) -> object:
+def _id(kind: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if not SLACK_ID.match(text) or not text.startswith(kind):
             raise argparse.ArgumentTypeError(f"{text!r} is not a Slack {kind}… ID")
