@@ -48,7 +48,11 @@ from bot.listeners.commands import policy_summary
 from bot.metrics import Metrics
 from bot.people import People
 from bot.settings import ConfigError, Settings
+from gateway.calls import Gateway
+from gateway.mcp import PATH as MCP_PATH, McpDoor
+from storage.approval_store import ApprovalStore
 from storage.db import make_engine, make_session_factory
+from storage.gateway_store import GatewayStore
 from storage.migrate import upgrade
 
 log = logging.getLogger(__name__)
@@ -179,6 +183,8 @@ class Service:
         self._team: str | None = None  # the workspace this token serves, once known
         self.deps: Deps | None = None
         self.app: AsyncApp | None = None
+        self.gateway: Gateway | None = None
+        self._gateway_running = contextlib.AsyncExitStack()
 
     async def start(self) -> None:
         s = self.settings
@@ -239,6 +245,24 @@ class Service:
         web_app = web.Application() if s.socket_mode else app.web_app(path=SLACK_PATH)
         if not s.socket_mode and signing is not None:
             web_app.middlewares.append(signed_only(signing))
+        # The gateway (gateway/): a second transport on the same workflow; its cards go out
+        # through this delivery and its outbox, like any other.
+        sessions = make_session_factory(self._engine)
+        self.gateway = Gateway(
+            workflow,
+            ApprovalStore(sessions),
+            GatewayStore(sessions),
+            clock=self._clock,
+            new_id=new_uuid,
+            post_card=functools.partial(delivery.post_card, app.client),
+            refresh_card=functools.partial(delivery.refresh_card, app.client),
+            observer=self.metrics,
+            tool_timeouts=workflow.tool_timeouts,
+        )
+        door = McpDoor(self.gateway, deps.keys)
+        await self._gateway_running.enter_async_context(door.running())
+        for method in ("GET", "POST", "DELETE"):
+            web_app.router.add_route(method, MCP_PATH, door.handle)
         web_app.router.add_get("/healthz", self._healthz)
         web_app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(web_app, access_log=None)
@@ -358,6 +382,9 @@ class Service:
             await self._socket.close_async()  # type: ignore[no-untyped-call]
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.gateway is not None:
+            self.gateway.close()
+        await self._gateway_running.aclose()
         if self.deps is not None:
             self.deps.home.close()
             cut = await self.deps.background.drain(SHUTDOWN_GRACE)

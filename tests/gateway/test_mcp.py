@@ -1,0 +1,143 @@
+"""The MCP door: an agent with an API key lists Greenlight's tools and calls them through
+the mcp SDK's own streamable HTTP client; calls that need approval wait for a person in
+(fake) Slack, and an approved call runs once, behind the execution gate."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import httpx2
+import pytest
+from mcp import Client, MCPError
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import Implementation
+
+from bot.server import Service
+from tests import ledger_tools
+from tests.bot.conftest import APPROVERS, SlackClient, in_channel
+from tests.fakes.slack_api import Call, FakeSlack
+
+OWNER, BOSS = "UALICE", "UBOSS"
+
+
+async def new_key(service: Service, team: str, name: str = "ci", user: str = OWNER) -> str:
+    assert service.deps is not None
+    return (await service.deps.keys.create(team, user, name)).token
+
+
+@asynccontextmanager
+async def mcp_client(service: Service, token: str) -> AsyncIterator[Client]:
+    http = httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30.0, read=120.0)
+    )
+    transport = streamable_http_client(f"http://127.0.0.1:{service.port}/mcp", http_client=http)
+    try:
+        async with Client(
+            transport, client_info=Implementation(name="test-agent", version="1.2.3")
+        ) as client:
+            yield client
+    finally:
+        await http.aclose()
+
+
+async def card_for(slack: FakeSlack) -> Call:
+    [card] = await slack.wait_for("chat.postMessage", timeout=15, predicate=in_channel(APPROVERS))
+    return card
+
+
+async def test_tools_are_listed_under_their_policy_names(service: Service, team: str) -> None:
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        listed = {t.name: t for t in (await mcp.list_tools()).tools}
+    assert {"transferMoney", "getBalance"} <= set(listed)
+    assert "askHuman" not in listed  # the agent's own way to ask a person
+    assert set(listed["transferMoney"].input_schema["properties"]) == {"amount", "toAccount"}
+
+
+async def test_an_allowed_tool_runs_at_once(service: Service, team: str, ledger: Any) -> None:
+    assert service.deps is not None
+    await service.deps.workflow.policies.change(team, "getBalance", by="UADMIN", allowed=True)
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        result = await mcp.call_tool("getBalance", {"account": "A1"})
+    assert not result.is_error
+    assert result.structured_content == {"account": "A1", "balance": 100.0}
+    assert json.loads(result.content[0].text) == {"account": "A1", "balance": 100.0}  # type: ignore[union-attr]
+    assert ledger_tools.entries() == [{"tool": "getBalance", "account": "A1"}]
+
+
+async def test_a_call_waits_for_approval_and_runs_once(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str, ledger: Any
+) -> None:
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        call = asyncio.create_task(
+            mcp.call_tool("transferMoney", {"amount": 50, "toAccount": "X9"})
+        )
+        card = await card_for(fake_slack)
+        shown = json.dumps(card.args["blocks"])
+        assert f"<@{OWNER}>" in shown and "through key `ci`" in shown
+        assert "MCP client `test-agent 1.2.3`" in shown
+        assert not call.done() and ledger_tools.entries() == []
+        # Four eyes: the key's owner is the requester and cannot approve.
+        await client.click(team, OWNER, "approve", card)
+        await fake_slack.wait_for("chat.postEphemeral", timeout=10)
+        assert not call.done()
+        await client.click(team, BOSS, "approve", card)
+        result = await asyncio.wait_for(call, 30)
+    assert not result.is_error
+    assert result.structured_content is not None
+    assert result.structured_content["success"] is True
+    [ran] = ledger_tools.entries()
+    assert ran["tool"] == "transferMoney" and ran["amount"] == 50 and ran["key"]
+    assert result.structured_content["transactionId"] == f"txn-{ran['key']}"
+
+
+async def test_a_denied_call_runs_nothing_and_says_why(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str, ledger: Any
+) -> None:
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        call = asyncio.create_task(mcp.call_tool("transferMoney", {"amount": 5, "toAccount": "X"}))
+        card = await card_for(fake_slack)
+        await client.click(team, BOSS, "deny", card)
+        (opened,) = await fake_slack.wait_for("views.open", timeout=10)
+        reason = {"reason": {"reason": {"type": "plain_text_input", "value": "not today"}}}
+        await client.submit(team, BOSS, opened.args["view"], reason)
+        result = await asyncio.wait_for(call, 30)
+    assert result.is_error
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert "denied" in text and "not today" in text
+    assert ledger_tools.entries() == []
+
+
+async def test_invalid_arguments_name_the_field_and_ask_nobody(
+    service: Service, fake_slack: FakeSlack, team: str, ledger: Any
+) -> None:
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        with pytest.raises(MCPError) as raised:
+            await mcp.call_tool("transferMoney", {"amount": "lots", "toAccount": "X"})
+    assert "amount" in raised.value.error.message
+    assert fake_slack.calls_to("chat.postMessage") == []
+
+
+@pytest.mark.parametrize("header", [None, "Bearer glk_" + "x" * 30, "Bearer nope", "Basic abc"])
+async def test_a_missing_or_wrong_key_gets_401(service: Service, header: str | None) -> None:
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    if header is not None:
+        headers["Authorization"] = header
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    async with aiohttp.ClientSession() as http, http.post(
+        f"http://127.0.0.1:{service.port}/mcp", json=body, headers=headers
+    ) as response:
+        assert response.status == 401
+
+
+async def test_a_revoked_key_gets_401(service: Service, team: str) -> None:
+    assert service.deps is not None
+    token = await new_key(service, team, "gone")
+    assert await service.deps.keys.revoke(team, OWNER, "gone")
+    with pytest.raises(Exception):  # noqa: B017 - the client raises on the 401
+        async with mcp_client(service, token) as mcp:
+            await mcp.list_tools()
