@@ -94,6 +94,10 @@ class PolicyFile(_Strict):
     allow: list[str] = Field(default_factory=list)
     tools: dict[str, ToolSpec] = Field(default_factory=dict)
     mcp_servers: McpServers = Field(default_factory=dict)  # README, "MCP servers"
+    # Tools the approvals API's callers name (gateway/): policy may name them too.
+    api_tools: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        default_factory=list
+    )
 
 
 @functools.lru_cache(maxsize=1024)

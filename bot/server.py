@@ -48,7 +48,7 @@ from bot.listeners.commands import policy_summary
 from bot.metrics import Metrics
 from bot.people import People
 from bot.settings import ConfigError, Settings
-from gateway.calls import Gateway
+from gateway.calls import PROMPT_PREFIX, Gateway
 from gateway.mcp import PATH as MCP_PATH, McpDoor
 from storage.approval_store import ApprovalStore
 from storage.db import make_engine, make_session_factory
@@ -258,6 +258,7 @@ class Service:
             refresh_card=functools.partial(delivery.refresh_card, app.client),
             observer=self.metrics,
             tool_timeouts=workflow.tool_timeouts,
+            limits=deps.limits,
         )
         door = McpDoor(self.gateway, deps.keys)
         await self._gateway_running.enter_async_context(door.running())
@@ -332,8 +333,15 @@ class Service:
                 keep_data=timedelta(days=s.RETENTION_DAYS),
                 keep_audit=timedelta(days=s.AUDIT_RETENTION_DAYS),
             )
+            # The gateway's names: the approvals API's tools, Claude Code's (prompt.<tool>).
+            api_tools = policy_file.api_tools if policy_file is not None else []
+            workflow.policies.also_knows(api_tools, prefixes=(PROMPT_PREFIX,))
             if policy_file is not None and s.POLICY_FILE is not None:
-                known = workflow.policies.known_tools()
+                named = [*policy_file.allow, *policy_file.tools]
+                known = [
+                    *workflow.policies.known_tools(),
+                    *(t for t in named if t.startswith(PROMPT_PREFIX)),
+                ]
                 policy_files.check_tools(s.POLICY_FILE, policy_file, known, servers)
         # AGENT_TOOLS names something that cannot be loaded, or a model's plugin is missing.
         except (ToolModuleError, ModelPluginError) as exc:

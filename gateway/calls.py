@@ -31,6 +31,7 @@ from agent.approval import (
     recorded,
 )
 from agent.keys import ApiKey
+from agent.limits import MessageLimits
 from agent.observer import Observer
 from agent.workflow import HISTORY_DAYS, Workflow
 from storage.approval_store import ApprovalStore
@@ -55,6 +56,8 @@ from storage.lifecycle import (
 
 log = logging.getLogger(__name__)
 
+PROMPT_PREFIX = "prompt."  # policy's name of a tool Claude Code asks about: prompt.<tool>
+APPROVAL_PROMPT = "approval_prompt"  # Claude Code's --permission-prompt-tool contract
 POLL_SECONDS = 0.25  # how often one process asks the database which waited-on calls are decided
 PROGRESS_SECONDS = 10.0  # a waiting caller hears at least this often (MCP asks every 15 s)
 
@@ -69,6 +72,10 @@ class InvalidArguments(ValueError):
 
 class UnknownTool(LookupError):
     pass
+
+
+class OverLimit(Exception):
+    """The key's owner sent more than their messages per minute (USER_MESSAGES_PER_MINUTE)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,7 @@ class Gateway:
         refresh_card: Show,
         observer: Observer | None = None,
         tool_timeouts: ToolTimeouts = DEFAULT_TOOL_TIMEOUTS,
+        limits: MessageLimits | None = None,
     ) -> None:
         self._workflow = workflow
         self._approvals = approvals
@@ -169,6 +177,7 @@ class Gateway:
         self._refresh_card = refresh_card
         self._observer = observer or Observer()
         self._timeouts = tool_timeouts
+        self._limits = limits
         self.decisions = Decisions(store)
 
     def tools(self) -> list[OfferedTool]:
@@ -194,12 +203,40 @@ class Gateway:
         if errors := input_errors(action, args):
             raise InvalidArguments(errors)  # before any approver sees it
         key = caller.key
+        await self._admit(key)
         policy = (await self._workflow.policies.get(key.team_id, tool)).for_call(args, key.user_id)
         if policy.allowed:
             output = await self._run(action, tool, args, approval=None)
             return Outcome(ok=execution_outcome(output) == "ok", output=output, status="allowed")
         approval = await self._ask(caller, tool, args, policy)
         return await self._await(caller, approval, action, progress)
+
+    async def prompt(
+        self, caller: Caller, tool_name: str, args: dict[str, Any], progress: Progress | None = None
+    ) -> dict[str, Any]:
+        """Claude Code's permission prompt: may it run `tool_name` with `args`? Policy names
+        it `prompt.<tool_name>`. The answer is Claude Code's: allow (with the input to run,
+        the edited one after Edit & approve) or deny (with why)."""
+        tool = PROMPT_PREFIX + tool_name
+        key = caller.key
+        await self._admit(key)
+        policy = (await self._workflow.policies.get(key.team_id, tool)).for_call(args, key.user_id)
+        if policy.allowed:
+            return {"behavior": "allow", "updatedInput": args}
+        approval = await self._ask(caller, tool, args, policy)
+        outcome = await self._await(caller, approval, None, progress)
+        if outcome.status == "ran":
+            return {"behavior": "allow", "updatedInput": outcome.output}
+        why = outcome.error or "not approved"
+        return {"behavior": "deny", "message": f"{tool_name} was {why} in Greenlight (Slack)."}
+
+    async def _admit(self, key: ApiKey) -> None:
+        """Per-person message limits hold for keys too: each call counts as a message."""
+        if (
+            self._limits is not None
+            and not (await self._limits.admit(key.team_id, key.user_id)).run
+        ):
+            raise OverLimit(key.user_id)
 
     async def _ask(self, caller: Caller, tool: str, args: dict[str, Any], policy: Any) -> Approval:
         """Record the request (its card in the outbox) and post its card."""
@@ -308,7 +345,10 @@ class Gateway:
                         recorded(execution) if isinstance(execution, Started | Finished) else None
                     )
                     return Outcome(False, output, "it ran already", changes, now, "unknown")
-                output = await self._run(action, r.tool, args, approval=approval, by=by)
+                if action is None:  # a permission prompt: the caller runs it; allowed once
+                    output = args
+                else:
+                    output = await self._run(action, r.tool, args, approval=approval, by=by)
                 await self._approvals.finish_execution(approval, output=output, now=self._clock())
                 self._observer.executed(r.tool, execution_outcome(output))
                 done = await self._workflow.approval(approval.thread.team_id, approval.id)

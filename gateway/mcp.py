@@ -27,11 +27,32 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
 
 from agent.keys import ApiKey, ApiKeys
-from gateway.calls import Caller, Gateway, InvalidArguments, Outcome, UnknownTool
+from gateway.calls import (
+    APPROVAL_PROMPT,
+    Caller,
+    Gateway,
+    InvalidArguments,
+    Outcome,
+    OverLimit,
+    UnknownTool,
+)
 
 log = logging.getLogger(__name__)
 
 PATH = "/mcp"
+PROMPT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "tool_name": {"type": "string", "description": "The tool Claude Code wants to run."},
+        "input": {"type": "object", "description": "Its input."},
+        "tool_use_id": {"type": "string"},
+    },
+    "required": ["tool_name", "input"],
+}
+PROMPT_DESCRIPTION = (
+    "Claude Code's --permission-prompt-tool: asks a person in Slack whether a tool may run "
+    "(policy names it prompt.<tool_name>)."
+)
 SCOPE_KEY = "greenlight.caller"
 WATCH_SECONDS = 0.5  # how often a waiting request's connection is looked at
 
@@ -112,6 +133,11 @@ class McpDoor:
             types.Tool(name=t.name, description=t.description, input_schema=t.input_schema)
             for t in self._gateway.tools()
         ]
+        tools.append(
+            types.Tool(
+                name=APPROVAL_PROMPT, description=PROMPT_DESCRIPTION, input_schema=PROMPT_SCHEMA
+            )
+        )
         return types.ListToolsResult(tools=tools)
 
     async def _call_tool(
@@ -128,10 +154,16 @@ class McpDoor:
         async def progress(waited: float, message: str) -> None:
             await ctx.session.report_progress(waited, None, message)
 
+        args = dict(params.arguments or {})
         try:
-            outcome = await self._gateway.call(
-                caller, params.name, dict(params.arguments or {}), progress
-            )
+            if params.name == APPROVAL_PROMPT:
+                return await self._prompt(caller, args, progress)
+            outcome = await self._gateway.call(caller, params.name, args, progress)
+        except OverLimit:
+            raise MCPError(
+                types.INVALID_REQUEST,
+                "too many calls this minute for this key's owner; wait a minute",
+            ) from None
         except UnknownTool:
             raise MCPError(types.INVALID_PARAMS, f"unknown tool {params.name!r}") from None
         except InvalidArguments as exc:
@@ -142,6 +174,23 @@ class McpDoor:
                 {"fields": exc.errors},
             ) from None
         return _result(outcome)
+
+    async def _prompt(
+        self, caller: Caller, args: dict[str, Any], progress: Any
+    ) -> types.CallToolResult:
+        """approval_prompt: one text content whose text is Claude Code's JSON answer."""
+        name, given = args.get("tool_name"), args.get("input")
+        errors = {}
+        if not isinstance(name, str) or not name.strip() or len(name) > 120:
+            errors["tool_name"] = "a tool's name is needed"
+        if not isinstance(given, dict):
+            errors["input"] = "an object is needed"
+        if errors:
+            raise InvalidArguments(errors)
+        assert isinstance(name, str) and isinstance(given, dict)
+        answer = await self._gateway.prompt(caller, name, given, progress)
+        text = json.dumps(answer, ensure_ascii=False)
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """/mcp: the key checked, then the SDK's transport, spoken through ASGI."""

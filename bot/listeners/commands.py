@@ -163,7 +163,7 @@ async def public_channel_refusal(c: Invocation, tool: str, changes: dict[str, An
     if c.verb not in ("route", "approvers"):
         return None
     policies = c.deps.workflow.policies
-    if tool not in policies.known_tools():
+    if not policies.knows(tool):
         raise UnknownTool(tool, policies.known_tools())
     current = await policies.get(c.team, tool)
     channel = changes.get("channel", current.channel)
@@ -255,7 +255,7 @@ async def list_rules(c: Invocation) -> str:
     if len(c.args) != 1:
         raise Usage("Usage: `/approvals rules <tool>`")
     tool, policies = c.args[0], c.deps.workflow.policies
-    if tool not in policies.known_tools():
+    if not policies.knows(tool):
         raise UnknownTool(tool, policies.known_tools())
     policy = await policies.get(c.team, tool)
     if not policy.rules:

@@ -128,9 +128,10 @@ async def test_a_missing_or_wrong_key_gets_401(service: Service, header: str | N
     if header is not None:
         headers["Authorization"] = header
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
-    async with aiohttp.ClientSession() as http, http.post(
-        f"http://127.0.0.1:{service.port}/mcp", json=body, headers=headers
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"http://127.0.0.1:{service.port}/mcp", json=body, headers=headers) as response,
+    ):
         assert response.status == 401
 
 
@@ -141,3 +142,117 @@ async def test_a_revoked_key_gets_401(service: Service, team: str) -> None:
     with pytest.raises(Exception):  # noqa: B017 - the client raises on the 401
         async with mcp_client(service, token) as mcp:
             await mcp.list_tools()
+
+
+# -- Claude Code's permission prompt ---------------------------------------------------------
+
+
+async def test_approval_prompt_allows_with_the_input_once_approved(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str
+) -> None:
+    asked = {"tool_name": "Bash", "input": {"command": "ls -la"}, "tool_use_id": "toolu_1"}
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        assert "approval_prompt" in {t.name for t in (await mcp.list_tools()).tools}
+        call = asyncio.create_task(mcp.call_tool("approval_prompt", asked))
+        card = await card_for(fake_slack)
+        shown = json.dumps(card.args["blocks"])
+        assert "prompt.Bash" in shown and "ls -la" in shown
+        await client.click(team, BOSS, "approve", card)
+        result = await asyncio.wait_for(call, 30)
+    [content] = result.content
+    assert json.loads(content.text) == {  # type: ignore[union-attr]
+        "behavior": "allow",
+        "updatedInput": {"command": "ls -la"},
+    }
+
+
+async def test_approval_prompt_denies_with_the_reason(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str
+) -> None:
+    asked = {"tool_name": "Bash", "input": {"command": "rm -rf /"}}
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        call = asyncio.create_task(mcp.call_tool("approval_prompt", asked))
+        card = await card_for(fake_slack)
+        await client.click(team, BOSS, "deny", card)
+        (opened,) = await fake_slack.wait_for("views.open", timeout=10)
+        reason = {"reason": {"reason": {"type": "plain_text_input", "value": "never"}}}
+        await client.submit(team, BOSS, opened.args["view"], reason)
+        result = await asyncio.wait_for(call, 30)
+    answer = json.loads(result.content[0].text)  # type: ignore[union-attr]
+    assert answer["behavior"] == "deny" and "denied" in answer["message"]
+    assert "never" in answer["message"]
+
+
+async def test_a_prompt_policy_allows_a_claude_code_tool(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str
+) -> None:
+    _, done = await client.command(team, "UADMIN", "allow prompt.Read")
+    assert done.startswith("Done."), done
+    asked = {"tool_name": "Read", "input": {"file_path": "README.md"}}
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        result = await mcp.call_tool("approval_prompt", asked)
+    answer = json.loads(result.content[0].text)  # type: ignore[union-attr]
+    assert answer == {"behavior": "allow", "updatedInput": {"file_path": "README.md"}}
+    assert fake_slack.calls_to("chat.postMessage") == []
+
+
+# -- a caller that goes away, and one that waits long -----------------------------------------
+
+
+async def test_a_caller_that_goes_away_leaves_a_request_that_runs_nothing(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str, ledger: Any
+) -> None:
+    token = await new_key(service, team)
+
+    async def call_then_leave() -> None:
+        async with mcp_client(service, token) as mcp:
+            await mcp.call_tool("transferMoney", {"amount": 7, "toAccount": "GONE"})
+
+    caller = asyncio.create_task(call_then_leave())
+    card = await card_for(fake_slack)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    [update] = await fake_slack.wait_for(
+        "chat.update", timeout=15, predicate=lambda c: "went away" in json.dumps(c.args)
+    )
+    assert "nothing will run" in json.dumps(update.args["blocks"])
+    assert service.deps is not None
+    pending = await service.deps.workflow.pending(team)
+    assert [a.request.tool for a in pending] == ["transferMoney"]  # not cancelled
+    await client.click(team, BOSS, "approve", card)
+    await fake_slack.wait_for(
+        "chat.update", timeout=15, predicate=lambda c: "Approved by" in json.dumps(c.args)
+    )
+    assert ledger_tools.entries() == []
+
+
+async def test_a_waiting_call_hears_progress(
+    service: Service,
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    team: str,
+    monkeypatch: pytest.MonkeyPatch,
+    ledger: Any,
+) -> None:
+    from gateway import calls
+
+    monkeypatch.setattr(calls, "PROGRESS_SECONDS", 0.3)
+    heard: list[float] = []
+    got = asyncio.Event()
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append(progress)
+        got.set()
+
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        call = asyncio.create_task(
+            mcp.call_tool(
+                "transferMoney", {"amount": 1, "toAccount": "P"}, progress_callback=on_progress
+            )
+        )
+        card = await card_for(fake_slack)
+        await asyncio.wait_for(got.wait(), 15)
+        await client.click(team, BOSS, "approve", card)
+        result = await asyncio.wait_for(call, 30)
+    assert not result.is_error and heard and heard == sorted(heard)
