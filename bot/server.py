@@ -48,6 +48,7 @@ from bot.listeners.commands import policy_summary
 from bot.metrics import Metrics
 from bot.people import People
 from bot.settings import ConfigError, Settings
+from gateway.api import ApiDoor
 from gateway.calls import PROMPT_PREFIX, Gateway
 from gateway.mcp import PATH as MCP_PATH, McpDoor
 from storage.approval_store import ApprovalStore
@@ -264,6 +265,7 @@ class Service:
         await self._gateway_running.enter_async_context(door.running())
         for method in ("GET", "POST", "DELETE"):
             web_app.router.add_route(method, MCP_PATH, door.handle)
+        ApiDoor(self.gateway, deps.keys).routes(web_app)
         web_app.router.add_get("/healthz", self._healthz)
         web_app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(web_app, access_log=None)

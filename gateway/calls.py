@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,12 +31,13 @@ from agent.approval import (
     jsonable,
     recorded,
 )
+from agent.context import SAID_MAX
 from agent.keys import ApiKey
 from agent.limits import MessageLimits
 from agent.observer import Observer
 from agent.workflow import HISTORY_DAYS, Workflow
 from storage.approval_store import ApprovalStore
-from storage.gateway_store import GATEWAY_CHANNEL, GatewayStore
+from storage.gateway_store import GATEWAY_CHANNEL, Exists, GatewayStore
 from storage.lifecycle import (
     Approval,
     Approved,
@@ -49,6 +51,7 @@ from storage.lifecycle import (
     IllegalTransition,
     ReminderState,
     Request,
+    Said,
     Started,
     Thread,
     Via,
@@ -238,10 +241,21 @@ class Gateway:
         ):
             raise OverLimit(key.user_id)
 
-    async def _ask(self, caller: Caller, tool: str, args: dict[str, Any], policy: Any) -> Approval:
-        """Record the request (its card in the outbox) and post its card."""
+    async def _ask(
+        self,
+        caller: Caller,
+        tool: str,
+        args: dict[str, Any],
+        policy: Any,
+        *,
+        words: str | None = None,
+        approval_id: str | None = None,
+    ) -> Approval:
+        """Record the request (its card in the outbox) and post its card. `words`: the
+        caller's own, shown on the card as untrusted; `approval_id`: given (an idempotency
+        key's), else new; Exists when a request of that id is there already."""
         now, key = self._clock(), caller.key
-        approval_id = self._new_id()
+        approval_id = approval_id or self._new_id()
         history = await self._approvals.history(
             key.team_id,
             key.user_id,
@@ -259,7 +273,11 @@ class Gateway:
             expires_at=now + policy.timeout,
             participants=(key.user_id,),
             approvals_needed=policy.approvals,
-            context=Context(history=history[tool], via=Via(caller.door, key.name, caller.client)),
+            context=Context(
+                agent=None if words is None else Said(words[:SAID_MAX], len(words)),
+                history=history[tool],
+                via=Via(caller.door, key.name, caller.client),
+            ),
         )
         reminder = escalation = None
         if policy.remind_after is not None:
@@ -270,7 +288,7 @@ class Gateway:
             )
         approval = Approval(
             approval_id,
-            self._new_id(),
+            str(uuid.uuid5(uuid.NAMESPACE_URL, f"greenlight:turn:{approval_id}")),
             Thread(key.team_id, GATEWAY_CHANNEL, approval_id.replace("-", "")[:32]),
             request,
             card=Card(policy.channel) if policy.channel else None,
@@ -278,6 +296,8 @@ class Gateway:
             escalation=escalation,
         )
         await self._store.open(approval, now=now)
+        if approval.card is None:
+            return approval  # allowed by policy (the API records it), or no channel at all
         try:
             await self._post_card(approval)
         except Exception:  # the outbox has it: the sweep posts it
@@ -391,5 +411,136 @@ class Gateway:
             return {"ok": False, "error": f"the tool {tool} failed; it may need a retry"}
         return jsonable(raw.output if isinstance(raw, MultipartToolResponse) else raw)
 
+    # -- the approvals API: the caller acts itself; Greenlight decides and keeps the gate ----
+
+    async def request(
+        self,
+        caller: Caller,
+        tool: str,
+        args: dict[str, Any],
+        *,
+        words: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[Approval, bool]:
+        """A request for `tool` (any name: policy applies by name), and whether it is new.
+        The same idempotency key again (same owner) is the same request: no second card.
+        One policy allows is recorded approved at once, by Greenlight."""
+        key = caller.key
+        approval_id = None
+        if idempotency_key is not None:
+            name = f"greenlight:{key.team_id}:{key.user_id}:{idempotency_key}"
+            approval_id = str(uuid.uuid5(uuid.NAMESPACE_URL, name))
+            if (found := await self.read(key, approval_id)) is not None:
+                return found, False
+        await self._admit(key)
+        policy = (await self._workflow.policies.get(key.team_id, tool)).for_call(args, key.user_id)
+        allowed = policy.allowed
+        if allowed:  # recorded, not carded: the gate still holds its start
+            policy = replace(
+                policy, channel=None, approvals=1, remind_after=None, escalate_after=None
+            )
+        try:
+            approval = await self._ask(
+                caller, tool, args, policy, words=words, approval_id=approval_id
+            )
+        except Exists:
+            found = await self.read(key, approval_id or "")
+            assert found is not None
+            return found, False
+        if allowed:
+            now = self._clock()
+            approval, _ = await self._approvals.decide(
+                approval, Approved(ALLOWED_BY, now, "allowed by policy")
+            )
+        return approval, True
+
+    async def read(self, key: ApiKey, approval_id: str) -> Approval | None:
+        """A request of the approvals API in the key's workspace (None: no such one)."""
+        found = await self._workflow.approval(key.team_id, approval_id)
+        if (
+            found is None
+            or found.request.context.via is None
+            or found.request.context.via.door != "api"
+        ):
+            return None
+        return found
+
+    async def wait(self, key: ApiKey, approval_id: str, seconds: float) -> Approval | None:
+        """The request once decided, or as it is after `seconds`."""
+        found = await self.read(key, approval_id)
+        if found is None or found.decision is not None or seconds <= 0:
+            return found
+        left = min(seconds, (found.request.expires_at - self._clock()).total_seconds())
+        if left > 0 and not await self.decisions.wait(approval_id, left):
+            self.decisions.forget(approval_id)
+        found = await self.read(key, approval_id)
+        if (
+            found is not None
+            and found.decision is None
+            and found.request.expires_at <= self._clock()
+        ):
+            with contextlib.suppress(IllegalTransition):
+                found = await self._approvals.expire(found, now=self._clock())
+                await self._refresh_card(found)
+        return found
+
+    async def start(self, approval: Approval) -> bool:
+        """START_EXECUTION: True the first time for an approved request, False after."""
+        try:
+            await self._approvals.start_execution(approval, now=self._clock())
+        except IllegalTransition:
+            return False
+        return True
+
+    async def finish(self, approval: Approval, *, ok: bool, output: Any) -> bool:
+        """FINISH_EXECUTION with what the caller says happened; the card shows it."""
+        recorded_output = output if ok else {"ok": False, "output": output}
+        try:
+            await self._approvals.finish_execution(
+                approval, output=recorded_output, now=self._clock()
+            )
+        except IllegalTransition:
+            return False
+        self._observer.executed(approval.request.tool, "ok" if ok else "error")
+        done = await self._workflow.approval(approval.thread.team_id, approval.id)
+        with contextlib.suppress(Exception):
+            await self._refresh_card(done or approval)
+        return True
+
+    async def cancel(self, approval: Approval) -> bool:
+        """Withdraw a pending request (a DENY by its own requester, saying so): False when
+        it is no longer pending."""
+        now = self._clock()
+        try:
+            done, _ = await self._approvals.decide(
+                approval, Denied(approval.request.requester, now, WITHDRAWN)
+            )
+        except IllegalTransition:
+            return False
+        with contextlib.suppress(Exception):
+            await self._refresh_card(done)
+        return True
+
     def close(self) -> None:
         self.decisions.close()
+
+
+ALLOWED_BY = "greenlight"  # who "approved" a request policy allowed outright
+WITHDRAWN = "withdrawn by the caller"
+
+
+def status_of(approval: Approval) -> str:
+    """pending, approved, denied, expired or cancelled (withdrawn by its caller)."""
+    match approval.decision:
+        case None:
+            return "pending"
+        case Denied(by=by, reason=reason) if (
+            by == approval.request.requester and reason == WITHDRAWN
+        ):
+            return "cancelled"
+        case Approved():
+            return "approved"
+        case Denied():
+            return "denied"
+        case _:
+            return "expired"

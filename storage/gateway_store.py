@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import cast
 
 import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
 
 from storage.approval_store import CONTEXT, pause_params, paused_turn
 from storage.db import SessionFactory, autocommit
@@ -27,6 +28,10 @@ GATEWAY_CHANNEL = "gateway"  # the conversation's "channel": no Slack thread beh
 SETTLED = sa.select(A.c.id).where(
     A.c.id.in_(sa.bindparam("ids", expanding=True)), A.c.status != ApprovalState.PENDING
 )
+
+
+class Exists(Exception):
+    """A request of this id is there already (an idempotency key used again)."""
 
 
 class GatewayStore:
@@ -49,11 +54,17 @@ class GatewayStore:
             "last_active_at": now,
             "participants": [approval.request.requester],
         }
-        async with autocommit(self._sessions) as db:
-            await db.execute(sa.insert(C).values(conversation))
+        try:
+            async with autocommit(self._sessions) as db:
+                await db.execute(sa.insert(C).values(conversation))
+        except IntegrityError:
+            pass  # made before, by a request of the same id; its approval says whether
         turn = PausedTurn(approval.turn_id, approval.turn_id, thread, "", "", now)
         params = pause_params(turn, [approval]) | {"t_state": TurnState.DONE}
-        await paused_turn(1).run(self._sessions, params)
+        try:
+            await paused_turn(1).run(self._sessions, params)
+        except IntegrityError:
+            raise Exists(approval.id) from None
 
     async def settled(self, ids: Collection[str]) -> set[str]:
         """Which of these requests are no longer pending."""
