@@ -142,7 +142,7 @@ async def test_withdrawn_requests_cannot_start(
     other = await key(service, team, OTHER, "theirs")
     assert (await api.call("DELETE", f"/approvals/{made['id']}", other))[0] == 403
     assert (await api.call("DELETE", f"/approvals/{made['id']}", token))[0] == 200
-    status, now = await api.call("GET", f"/approvals/{made['id']}", token)
+    _, now = await api.call("GET", f"/approvals/{made['id']}", token)
     assert now["status"] == "cancelled"
     assert (await api.call("POST", f"/approvals/{made['id']}/start", token))[0] == 409
     [update] = await fake_slack.wait_for("chat.update", timeout=15)
