@@ -76,7 +76,10 @@ class ApiDoor:
         return web.json_response(OPENAPI)
 
     async def _key(self, request: web.Request) -> ApiKey | None:
-        return await self._keys.authenticate(bearer(request))
+        key = await self._keys.authenticate(bearer(request))
+        if key is None:
+            self._gateway.observer.gateway_call("api", "unauthorized")
+        return key
 
     async def _body(self, request: web.Request) -> Any:
         try:
@@ -101,10 +104,11 @@ class ApiDoor:
                 idempotency_key=asked.idempotency_key,
             )
         except OverLimit:
+            self._gateway.observer.gateway_call("api", "over_limit")
             return problem(429, "too many requests this minute for this key's owner")
-        return web.json_response(
-            {"id": approval.id, "status": status_of(approval)}, status=201 if new else 200
-        )
+        status = status_of(approval)
+        self._gateway.observer.gateway_call("api", status if new else "repeated")
+        return web.json_response({"id": approval.id, "status": status}, status=201 if new else 200)
 
     async def _found(self, request: web.Request, *, own: bool) -> Approval | web.Response:
         if (key := await self._key(request)) is None:
@@ -161,6 +165,7 @@ class ApiDoor:
             return found
         if not await self._gateway.cancel(found):
             return problem(409, "no longer pending")
+        self._gateway.observer.gateway_call("api", "cancelled")
         return web.json_response({"id": found.id, "status": "cancelled"})
 
 

@@ -178,7 +178,7 @@ class Gateway:
         self._new_id = new_id
         self._post_card = post_card
         self._refresh_card = refresh_card
-        self._observer = observer or Observer()
+        self._observer = self.observer = observer or Observer()
         self._timeouts = tool_timeouts
         self._limits = limits
         self.decisions = Decisions(store)

@@ -155,24 +155,34 @@ class McpDoor:
             await ctx.session.report_progress(waited, None, message)
 
         args = dict(params.arguments or {})
+        count = self._gateway.observer.gateway_call
         try:
             if params.name == APPROVAL_PROMPT:
-                return await self._prompt(caller, args, progress)
+                answered = await self._prompt(caller, args, progress)
+                count("mcp", "prompt_answered")
+                return answered
             outcome = await self._gateway.call(caller, params.name, args, progress)
+        except (asyncio.CancelledError, ConnectionResetError):
+            count("mcp", "gone")
+            raise
         except OverLimit:
+            count("mcp", "over_limit")
             raise MCPError(
                 types.INVALID_REQUEST,
                 "too many calls this minute for this key's owner; wait a minute",
             ) from None
         except UnknownTool:
+            count("mcp", "invalid")
             raise MCPError(types.INVALID_PARAMS, f"unknown tool {params.name!r}") from None
         except InvalidArguments as exc:
+            count("mcp", "invalid")
             fields = "; ".join(f"{k}: {v}" for k, v in exc.errors.items())
             raise MCPError(
                 types.INVALID_PARAMS,
                 f"invalid arguments for {params.name} ({fields}); nobody was asked to approve it",
                 {"fields": exc.errors},
             ) from None
+        count("mcp", {"ran": "approved"}.get(outcome.status, outcome.status))
         return _result(outcome)
 
     async def _prompt(
@@ -196,6 +206,7 @@ class McpDoor:
         """/mcp: the key checked, then the SDK's transport, spoken through ASGI."""
         key = await self._keys.authenticate(bearer(request))
         if key is None:
+            self._gateway.observer.gateway_call("mcp", "unauthorized")
             return unauthorized()
         return await AsgiBridge(request, key).serve(self._manager.handle_request)
 

@@ -244,11 +244,20 @@ async def audit_trail(c: Invocation) -> str:
     lines = [
         f"• {e.at:%Y-%m-%d %H:%M} {e.action} `{escape(e.tool or '-')}` by "
         + (f"<@{e.actor}>" if USER.match(f"<@{e.actor}>") else escape(e.actor))
+        + _door(e.detail)
         for e in trail
     ]
     if not lines:
         return "The audit trail is empty." if page == 1 else f"Page {page} is empty."
     return paged(lines, page, f"/approvals audit {escape(tool)}" if tool else "/approvals audit")
+
+
+def _door(detail: dict[str, Any]) -> str:
+    """ " via mcp, key `ci`" for an entry of a gateway request; "" for Slack's own."""
+    door = detail.get("door")
+    if not isinstance(door, str) or door == "slack":
+        return ""
+    return f" via {escape(door)}, key `{escape(str(detail.get('key', '?')))}`"
 
 
 async def list_rules(c: Invocation) -> str:

@@ -45,7 +45,7 @@ async def test_each_subcommand_answers_through_the_table(
 ) -> None:
     assert set(SUBCOMMANDS) == {
         "list", "pending", "audit", "rules", "help", "allow", "require", "route", "approvers",
-        "timeout",
+        "timeout", "keys",
     }  # fmt: skip
 
     async def say(user: str, text: str) -> str:

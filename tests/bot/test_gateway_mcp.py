@@ -1,5 +1,5 @@
-"""The MCP door: an agent with an API key lists Greenlight's tools and calls them through
-the mcp SDK's own streamable HTTP client; calls that need approval wait for a person in
+"""The gateway's MCP door (gateway/mcp.py) through the real service: an agent with an API
+key lists Greenlight's tools and calls them through the mcp SDK's own streamable HTTP client; calls that need approval wait for a person in
 (fake) Slack, and an approved call runs once, behind the execution gate."""
 
 from __future__ import annotations
@@ -93,6 +93,17 @@ async def test_a_call_waits_for_approval_and_runs_once(
     [ran] = ledger_tools.entries()
     assert ran["tool"] == "transferMoney" and ran["amount"] == 50 and ran["key"]
     assert result.structured_content["transactionId"] == f"txn-{ran['key']}"
+    # The trail names the door and the key; the metric counts the call.
+    assert service.deps is not None
+    trail = await service.deps.workflow.audit_trail(team, "transferMoney")
+    assert {e.action for e in trail} >= {"requested", "approved", "execution_started", "executed"}
+    assert all((e.detail["door"], e.detail["key"]) == ("mcp", "ci") for e in trail)
+    _, audit = await client.command(team, BOSS, "audit")
+    assert "via mcp, key `ci`" in audit
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{service.port}/metrics") as response:
+            metrics = await response.text()
+    assert 'greenlight_gateway_calls_total{door="mcp",outcome="approved"} 1.0' in metrics
 
 
 async def test_a_denied_call_runs_nothing_and_says_why(
