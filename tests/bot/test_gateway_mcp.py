@@ -1,6 +1,7 @@
 """The gateway's MCP door (gateway/mcp.py) through the real service: an agent with an API
-key lists Greenlight's tools and calls them through the mcp SDK's own streamable HTTP client; calls that need approval wait for a person in
-(fake) Slack, and an approved call runs once, behind the execution gate."""
+key lists Greenlight's tools and calls them through the mcp SDK's own streamable HTTP
+client; calls that need approval wait for a person in (fake) Slack, and an approved call
+runs once, behind the execution gate."""
 
 from __future__ import annotations
 
@@ -100,9 +101,9 @@ async def test_a_call_waits_for_approval_and_runs_once(
     assert all((e.detail["door"], e.detail["key"]) == ("mcp", "ci") for e in trail)
     _, audit = await client.command(team, BOSS, "audit")
     assert "via mcp, key `ci`" in audit
-    async with aiohttp.ClientSession() as http:
-        async with http.get(f"http://127.0.0.1:{service.port}/metrics") as response:
-            metrics = await response.text()
+    url = f"http://127.0.0.1:{service.port}/metrics"
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        metrics = await response.text()
     assert 'greenlight_gateway_calls_total{door="mcp",outcome="approved"} 1.0' in metrics
 
 
