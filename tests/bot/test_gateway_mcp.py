@@ -268,3 +268,59 @@ async def test_a_waiting_call_hears_progress(
         await client.click(team, BOSS, "approve", card)
         result = await asyncio.wait_for(call, 30)
     assert not result.is_error and heard and heard == sorted(heard)
+
+
+async def test_edit_and_approve_runs_the_edited_input_and_says_what_changed(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str, ledger: Any
+) -> None:
+    from tests.bot.test_edits import open_edit, values
+
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        call = asyncio.create_task(
+            mcp.call_tool("transferMoney", {"amount": 500, "toAccount": "E1"})
+        )
+        card = await card_for(fake_slack)
+        opened = await open_edit(client, fake_slack, team, card)
+        assert await client.submit(team, BOSS, opened.args["view"], values("300", "E1")) == (
+            200,
+            "",
+        )
+        result = await asyncio.wait_for(call, 30)
+    assert not result.is_error and result.structured_content is not None
+    assert result.structured_content["approved_with_changes"] == {
+        "amount": {"from": 500, "to": 300}
+    }
+    assert result.structured_content["output"]["success"] is True
+    [ran] = ledger_tools.entries()
+    assert ran["amount"] == 300
+
+
+async def test_two_replicas_run_an_approved_call_once(
+    service: Service,
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: Any,
+    bot_database: str,
+    team: str,
+    ledger: Any,
+) -> None:
+    """The call waits on one replica; the click lands on the other; it runs once, there."""
+    from tests.bot.conftest import bot_settings
+
+    other = Service(bot_settings(fake_slack, gemini, DATABASE_URL=bot_database), host="127.0.0.1")
+    await other.start()
+    try:
+        async with mcp_client(service, await new_key(service, team)) as mcp:
+            call = asyncio.create_task(
+                mcp.call_tool("transferMoney", {"amount": 9, "toAccount": "R2"})
+            )
+            card = await card_for(fake_slack)
+            there = SlackClient(client.http, other, fake_slack)
+            await asyncio.gather(
+                there.click(team, BOSS, "approve", card), client.click(team, BOSS, "approve", card)
+            )
+            result = await asyncio.wait_for(call, 30)
+    finally:
+        await other.stop()
+    assert not result.is_error
+    assert [e["tool"] for e in ledger_tools.entries()] == ["transferMoney"]
