@@ -351,7 +351,8 @@ async def on_command(
         await ack(text=f"I don't know `{escape(verb)}`.\n\n{HELP}")
         return
     await ack()
-    rest = [*str(body.get("text") or "").split(None, 1), ""][1]
+    typed = str(body.get("text") or "").split(None, 1)
+    rest = typed[1] if len(typed) > 1 else ""
     invocation = Invocation(deps, client, team, user, verb, args, rest)
     deps.background.spawn(answer(subcommand, invocation, respond), name=f"/approvals {verb}")
 
