@@ -33,7 +33,7 @@ from agent.keys import ApiKeys
 from agent.limits import MessageLimits
 from agent.mcp_tools import McpServers, McpTools
 from agent.models import Credentials, ModelPluginError, Resilience
-from agent.policy import PolicyDefaults
+from agent.policy import policy_defaults
 from agent.policy_file import PolicyFile
 from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig, ToolModuleError
 from agent.workflow import Workflow
@@ -145,7 +145,7 @@ def read_policy_file(path: Path | None) -> PolicyFile | None:
     try:
         return policy_files.load(path)
     except policy_files.PolicyFileError as exc:
-        raise ConfigError([f"POLICY_FILE {exc}"]) from None
+        raise ConfigError([f"POLICY_FILE {p}" for p in exc.problems]) from None
 
 
 class Service:
@@ -310,11 +310,10 @@ class Service:
                 fallbacks=tuple(s.AGENT_FALLBACK_MODELS),
             ),
         )
-        file_defaults = policy_file.defaults if policy_file else policy_files.Defaults()
-        defaults = PolicyDefaults(
+        defaults = policy_defaults(
+            policy_file,
             channel=s.APPROVER_CHANNEL,
-            timeout=file_defaults.timeout or timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS),
-            approvals=file_defaults.approvals or 1,
+            timeout=timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS),
         )
         try:
             workflow = build_workflow(
@@ -339,17 +338,13 @@ class Service:
             api_tools = policy_file.api_tools if policy_file is not None else []
             workflow.policies.also_knows(api_tools, prefixes=(PROMPT_PREFIX,))
             if policy_file is not None and s.POLICY_FILE is not None:
-                named = [*policy_file.allow, *policy_file.tools]
-                known = [
-                    *workflow.policies.known_tools(),
-                    *(t for t in named if t.startswith(PROMPT_PREFIX)),
-                ]
+                known = workflow.policies.known_tools()
                 policy_files.check_tools(s.POLICY_FILE, policy_file, known, servers)
         # AGENT_TOOLS names something that cannot be loaded, or a model's plugin is missing.
         except (ToolModuleError, ModelPluginError) as exc:
             raise ConfigError([str(exc)]) from None
         except policy_files.PolicyFileError as exc:
-            raise ConfigError([f"POLICY_FILE {exc}"]) from None
+            raise ConfigError([f"POLICY_FILE {p}" for p in exc.problems]) from None
         return workflow
 
     async def _prepare_policy(

@@ -35,6 +35,7 @@ from agent.context import SAID_MAX
 from agent.keys import ApiKey
 from agent.limits import MessageLimits
 from agent.observer import Observer
+from agent.policy_file import PROMPT_PREFIX as PROMPT_PREFIX
 from agent.workflow import HISTORY_DAYS, Workflow
 from storage.approval_store import ApprovalStore
 from storage.gateway_store import GATEWAY_CHANNEL, Exists, GatewayStore
@@ -59,7 +60,6 @@ from storage.lifecycle import (
 
 log = logging.getLogger(__name__)
 
-PROMPT_PREFIX = "prompt."  # policy's name of a tool Claude Code asks about: prompt.<tool>
 APPROVAL_PROMPT = "approval_prompt"  # Claude Code's --permission-prompt-tool contract
 POLL_SECONDS = 0.25  # how often one process asks the database which waited-on calls are decided
 PROGRESS_SECONDS = 10.0  # a waiting caller hears at least this often (MCP asks every 15 s)
