@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from agent.mcp_tools import McpServers, parse_servers
+from agent.mcp_config import McpServers, parse_servers
 from agent.models import missing_plugins, provider, unknown_model
 from bot.assistant import Prompt
 
@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     AGENT_ASK_HUMAN: bool = True  # the built-in askHuman: the agent may ask a person
     AGENT_FILES_ROOT: Path | None = None  # file tools (genkit-middleware Filesystem) under it
     AGENT_ARTIFACTS: bool = False  # artifact tools (genkit-middleware Artifacts)
-    # MCP servers whose tools the agent gets (agent/mcp_tools.py): JSON, name -> config.
+    # MCP servers whose tools the agent gets (agent/mcp_config.py): JSON, name -> config.
     MCP_SERVERS: Annotated[McpServers, NoDecode] = Field(default_factory=dict)
 
     APPROVER_CHANNEL: str | None = None

@@ -21,7 +21,8 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import TypeAdapter, ValidationError
 
 from agent import mcp_tools, policy_file
-from agent.mcp_tools import Backoff, McpServer, McpServers, McpTools, hint, result_output
+from agent.mcp_config import McpServer, McpServers
+from agent.mcp_tools import Backoff, McpTools, hint, result_output
 from agent.runtime import AgentConfig, AgentRuntime, build_runtime
 from bot.server import mcp_servers
 from bot.settings import ConfigError, Settings, load_settings
