@@ -56,7 +56,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_GRACE = 25.0  # seconds for in-flight work before it is cut off
 FOLLOW_UP_INTERVAL = 5.0  # seconds between looks for due reminders and escalations
 SLACK_PATH = "/slack/events"
 HEALTH_TIMEOUT = 2.0  # seconds /healthz waits for the database before it answers 503
@@ -369,7 +368,7 @@ class Service:
             await self._runner.cleanup()
         if self.deps is not None:
             self.deps.home.close()
-            cut = await self.deps.background.drain(SHUTDOWN_GRACE)
+            cut = await self.deps.background.drain(self.settings.SHUTDOWN_GRACE_SECONDS)
             if cut:
                 log.warning(
                     "shutdown cut off %d turns: resumes were handed back for the next "

@@ -19,6 +19,7 @@ from agent.models import missing_plugins, provider, unknown_model
 from bot.assistant import Prompt
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./greenlight.db"
+SHUTDOWN_GRACE = 25.0  # seconds in-flight work gets at SIGTERM before it is cut off
 DEFAULT_MODEL = "googleai/gemini-flash-latest"
 DEFAULT_TOOLS = "agent.example_tools"
 
@@ -76,6 +77,7 @@ class Settings(BaseSettings):
     RECOVERY_INTERVAL_SECONDS: float = Field(default=5.0, gt=0)
     RESUME_LEASE_SECONDS: float = Field(default=15.0, gt=0)
     TOOL_TIMEOUT_SECONDS: float = Field(default=15 * 60.0, gt=0)  # an approved call's run
+    SHUTDOWN_GRACE_SECONDS: float = Field(default=SHUTDOWN_GRACE, ge=0, le=3600)
     MAX_CONCURRENT_TURNS: int = Field(default=8, ge=1, le=4096)
     RETENTION_DAYS: int = Field(default=90, ge=1, le=36500)
     AUDIT_RETENTION_DAYS: int = Field(default=400, ge=1, le=36500)
