@@ -13,13 +13,15 @@ import re
 from collections.abc import Collection, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import cel
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from agent.mcp_tools import McpServers
+from agent.mcp_config import McpServers
+
+if TYPE_CHECKING:
+    import cel
 
 DURATION = re.compile(r"^(\d{1,6})([smhd])$")
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -101,7 +103,10 @@ class PolicyFile(_Strict):
 @functools.lru_cache(maxsize=1024)
 def compiled(expression: str) -> cel.Program:
     """Each rule's expression is compiled once: POLICY_FILE's at start, as they are checked
-    (ValueError if one does not compile)."""
+    (ValueError if one does not compile). The CEL package is imported here, on first use:
+    its `__init__` loads a command-line interface besides (~0.4 s of start-up)."""
+    import cel
+
     return cel.compile(expression)
 
 
