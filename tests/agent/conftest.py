@@ -119,7 +119,3 @@ def h(pg_sessions: SessionFactory, team: str, ledger: Path) -> Harness:
     return harness(pg_sessions, team)
 
 
-@pytest.fixture
-def h_any(any_engine: AsyncEngine, team: str, ledger: Path) -> Harness:
-    """The harness on PostgreSQL and on SQLite, whose statements differ."""
-    return harness(make_session_factory(any_engine), team)

@@ -305,11 +305,13 @@ async def bot_process(
     name: str,
     fake_slack: FakeSlack,
     gemini: FakeGemini,
-    database: str,
+    database: str | None,
     tmp: Path,
+    cwd: Path = REPO,
     **settings: str,
 ) -> AsyncIterator[BotProcess]:
-    """`settings`: more environment variables (LOG_FORMAT="json", say)."""
+    """`settings`: more environment variables (LOG_FORMAT="json", say); `database` None: unset
+    (the embedded default, in `cwd`)."""
     port = free_port()
     env = dict(os.environ)
     env.pop("GENKIT_ENV", None)  # no Genkit reflection server in the bot
@@ -321,7 +323,7 @@ async def bot_process(
         SLACK_API_URL=fake_slack.base_url,
         GEMINI_API_KEY="k",
         GEMINI_API_URL=gemini.base_url,
-        DATABASE_URL=database,
+        DATABASE_URL=database or "",
         PORT=str(port),
         AGENT_TOOLS="tests.ledger_tools",
         APPROVER_CHANNEL=APPROVERS,
@@ -339,7 +341,7 @@ async def bot_process(
             stdout=out,
             stderr=asyncio.subprocess.STDOUT,
             env=env,
-            cwd=str(REPO),
+            cwd=str(cwd),
         )
     bot = BotProcess(proc, port, log)
     try:
