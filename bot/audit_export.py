@@ -18,8 +18,7 @@ from typing import Any, TextIO
 from sqlalchemy.exc import SQLAlchemyError
 
 from bot.settings import ConfigError, load_settings
-from storage import audit
-from storage import embedded
+from storage import audit, embedded
 from storage.db import make_engine, make_session_factory
 
 

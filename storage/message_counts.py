@@ -1,8 +1,9 @@
 """Per-minute message counters, shared by every replica through the database.
 
 Counting a message adds one to the person's counter and, while the person is within their
-own limit, to the workspace's: one statement (the person's upsert in a CTE). A person over their limit so uses up none of the workspace's
-messages, and each count is exact however many replicas count at once.
+own limit, to the workspace's: one statement (the person's upsert in a CTE). A person over
+their limit so uses up none of the workspace's messages, and each count is exact however
+many replicas count at once.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ def _workspace(person: sa.CTE) -> sa.Insert:
     returns it (no row when the person is over)."""
     values = sa.select(_TEAM, sa.literal(WORKSPACE), _AT, sa.literal(1), sa.false())
     values = values.select_from(person).where(person.c.count <= _LIMIT)
-    stmt = postgresql.insert(M).from_select(["team_id", "user_id", "minute", "count", "told"], values)
+    stmt = postgresql.insert(M).from_select(
+        ["team_id", "user_id", "minute", "count", "told"], values
+    )
     return stmt.on_conflict_do_update(index_elements=_KEY, set_=_ADD_ONE).returning(M.c.count)
 
 

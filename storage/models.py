@@ -6,7 +6,7 @@ Every row carries the Slack team id so one database can serve several workspaces
 from __future__ import annotations
 
 import enum
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, ClassVar
 
 import sqlalchemy as sa

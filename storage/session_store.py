@@ -222,8 +222,9 @@ class SqlSessionStore(SessionStore[Any]):
     """Snapshots in `agent_snapshots`, the messages each one added in `agent_messages`.
 
     A save is all or nothing and safe across processes. An existing row is read FOR UPDATE
-    and rewritten only if its version is unchanged; a new row, most saves, is one statement. A lost insert race, version check or parent check
-    rolls back and runs fn again, up to `max_attempts`.
+    and rewritten only if its version is unchanged; a new row, most saves, is one statement.
+    A lost insert race, version check or parent check rolls back and runs fn again, up to
+    `max_attempts`.
     """
 
     def __init__(

@@ -130,7 +130,9 @@ class Atomic:
         result = sa.select(changed) if read is None else read(changed)
         self.one = result.add_cte(*(w.cte(f"then{i}") for i, w in enumerate(writes)))
 
-    async def run(self, sessions: SessionFactory, params: Mapping[str, Any]) -> Sequence[sa.Row[Any]]:
+    async def run(
+        self, sessions: SessionFactory, params: Mapping[str, Any]
+    ) -> Sequence[sa.Row[Any]]:
         """What it read; nothing when the change matched nothing (and nothing was written)."""
         async with autocommit(sessions) as db:
             return (await db.execute(self.one, params)).all()

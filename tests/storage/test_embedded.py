@@ -66,10 +66,24 @@ def test_the_suite_starts_its_own_server_when_none_answers() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GREENLIGHT_TEST_")}
     env |= {"TEST_DATABASE_URL": "postgresql+asyncpg://postgres@127.0.0.1:9/postgres"}
     started = time.monotonic()
-    result = subprocess.run(  # noqa: S603
-        [sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider",
-         "tests/storage/test_migrations.py::test_models_match_migrations"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-o",
+            "addopts=",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/storage/test_migrations.py::test_models_match_migrations",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     took = time.monotonic() - started
     assert result.returncode == 0, result.stdout + result.stderr
