@@ -55,7 +55,7 @@ def test_the_version_lives_in_one_place_and_the_changelog_has_it() -> None:
     assert "version" not in pyproject["project"]
     assert pyproject["project"]["dynamic"] == ["version"]
     assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "bot.__version__"}
-    result = subprocess.run(  # noqa: S603
+    result = subprocess.run(
         [sys.executable, "-m", "bot", "--version"],
         cwd=ROOT,
         capture_output=True,
@@ -100,7 +100,7 @@ def test_the_dockerfile_passes_hadolint() -> None:
 def test_the_dockerfile_installs_what_the_readme_says() -> None:
     """The image's venv and pip steps are, in order, the README's install-without-a-container
     commands: an operator who installs by hand gets what the image has."""
-    build, final = stages(DOCKERFILE.read_text())
+    build, _ = stages(DOCKERFILE.read_text())
     steps = [
         rest for keyword, rest in build if keyword == "RUN" and re.search(r"\b(venv|pip)\b", rest)
     ]
