@@ -1,6 +1,6 @@
 """`python -m bot` (or `greenlight`) serves Slack; its subcommands are the operator's other
-entry points: the offline demo, the audit export, migrations, the container's health probe,
-the Slack app manifest and the version."""
+entry points: the offline demo, the audit export, `policy check|test` (a POLICY_FILE, offline),
+migrations, the container's health probe, the Slack app manifest and the version."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from bot.logs import setup_logging
 from bot.settings import ConfigError, Settings, load_settings
 
 USAGE = (
-    "usage: greenlight [serve | demo | migrate | healthcheck | manifest | --version |"
-    " audit export --since DATE]"
+    "usage: greenlight [serve | demo | audit export --since DATE | policy check | policy test |"
+    " migrate | healthcheck | manifest | --version]"
 )
 HEALTHCHECK_TIMEOUT = 5.0  # seconds; /healthz itself gives the database 2
 
@@ -86,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         from bot.audit_export import main as audit_main
 
         return audit_main(args[1:])
+    if args[:1] == ["policy"]:
+        from bot.policy_cli import main as policy_main
+
+        return policy_main(args[1:])
     if args == ["migrate"]:
         return migrate()
     if args == ["healthcheck"]:
