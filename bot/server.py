@@ -385,7 +385,8 @@ class Service:
     async def _healthz(self, request: web.Request) -> web.Response:
         """200 when the database answers and, in Socket Mode, a connection to Slack is up:
         a replica without one receives nothing, so it is not ready."""
-        if self._socket is not None and not await self._socket.client.is_connected():
+        link = self._socket.client if self._socket is not None else None  # slack_sdk's
+        if link is not None and not await link.is_connected():
             return web.json_response({"ok": False, "slack": "disconnected"}, status=503)
         try:
             async with asyncio.timeout(HEALTH_TIMEOUT), self._health.connect() as conn:
