@@ -16,6 +16,7 @@ import yaml
 from pydantic import SecretStr
 
 from agent import policy_file
+from bot import __version__
 from bot.server import SHUTDOWN_GRACE, SLACK_PATH
 from bot.settings import Settings
 
@@ -186,3 +187,8 @@ def test_the_optional_service_monitor_scrapes_metrics_through_the_service(
     assert (
         monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     )
+
+
+def test_the_manifests_deploy_this_release(base: dict[str, Obj]) -> None:
+    (container,) = base["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"greenlight:{__version__}"
