@@ -59,6 +59,9 @@ log = logging.getLogger(__name__)
 
 FOLLOW_UP_INTERVAL = 5.0  # seconds between looks for due reminders and escalations
 SLACK_PATH = "/slack/events"
+# Socket Mode: seconds between pings to Slack; a connection silent for four of them is stale,
+# and reconnecting after a failure waits one (slack_sdk's SocketModeClient).
+SOCKET_PING_INTERVAL = 10.0
 HEALTH_TIMEOUT = 2.0  # seconds /healthz waits for the database before it answers 503
 
 
@@ -155,6 +158,7 @@ class Service:
         *,
         host: str = "0.0.0.0",  # noqa: S104
         clock: Callable[[], datetime] = utc_now,
+        socket_ping_interval: float = SOCKET_PING_INTERVAL,
     ) -> None:
         # Checked here too, not only by the CLI: without a signing secret Bolt would take
         # unsigned HTTP requests as Slack's.
@@ -163,6 +167,7 @@ class Service:
         self.settings = settings
         self.host = host
         self._clock = clock
+        self._ping_interval = socket_ping_interval
         self.port: int | None = None
         # Connections kept open: past them, each burst opens (and the pool later closes)
         # one per extra request, which costs both sides far more than the statements.
@@ -258,7 +263,9 @@ class Service:
         if s.SLACK_APP_TOKEN is not None:
             from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 
-            self._socket = AsyncSocketModeHandler(app, s.SLACK_APP_TOKEN.get_secret_value())
+            self._socket = AsyncSocketModeHandler(
+                app, s.SLACK_APP_TOKEN.get_secret_value(), ping_interval=self._ping_interval
+            )
             await self._socket.connect_async()  # type: ignore[no-untyped-call]
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="recovery sweep")
         self._follower = asyncio.create_task(self._follow_up_forever(), name="follow-ups")
@@ -358,14 +365,17 @@ class Service:
         log.info("POLICY_FILE set the policy of MCP tool(s) as they joined: %s", changed)
 
     async def stop(self) -> None:
-        """Stop taking work, let in-flight turns finish, close connections."""
+        """Stop taking work, let in-flight turns finish, close connections.
+
+        The Slack socket closes first: Slack then sends this replica's envelopes to the
+        others (or retries them) instead of to a process that is going away."""
+        if self._socket is not None:
+            await self._socket.close_async()  # type: ignore[no-untyped-call]
         for loop in (self._sweeper, self._follower):
             if loop is not None:
                 loop.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await loop
-        if self._socket is not None:
-            await self._socket.close_async()  # type: ignore[no-untyped-call]
         if self._runner is not None:
             await self._runner.cleanup()
         if self.deps is not None:
@@ -386,6 +396,11 @@ class Service:
         await self._health.dispose()
 
     async def _healthz(self, request: web.Request) -> web.Response:
+        """200 when the database answers and, in Socket Mode, a connection to Slack is up:
+        a replica without one receives nothing, so it is not ready."""
+        link = self._socket.client if self._socket is not None else None  # slack_sdk's
+        if link is not None and not await link.is_connected():
+            return web.json_response({"ok": False, "slack": "disconnected"}, status=503)
         try:
             async with asyncio.timeout(HEALTH_TIMEOUT), self._health.connect() as conn:
                 await conn.execute(text("SELECT 1"))

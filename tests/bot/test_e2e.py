@@ -30,7 +30,6 @@ from tests.bot.conftest import (
     ADMIN,
     APPROVERS,
     DM,
-    FakeSocketMode,
     SlackClient,
     bot_settings,
     button_value,
@@ -41,7 +40,7 @@ from tests.bot.conftest import (
 from tests.conftest import poll
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, function_call, text
-from tests.fakes.slack_api import BOT_USER_ID, Call, FakeSlack
+from tests.fakes.slack_api import Call, FakeSlack
 
 TRANSFER = {"amount": 500, "toAccount": "12345"}
 REQUESTER = "UEMP"
@@ -586,75 +585,3 @@ def test_http_mode_without_a_signing_secret_refuses_to_start(
     """Bolt would otherwise take unsigned requests as Slack's (verification off)."""
     with pytest.raises(ConfigError, match="SLACK_SIGNING_SECRET"):
         Service(bot_settings(fake_slack, gemini, SLACK_SIGNING_SECRET=None))
-
-
-# -- Socket Mode -----------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def socket_service(
-    fake_slack: FakeSlack,
-    gemini: FakeGemini,
-    socket_mode: FakeSocketMode,
-    ledger: Path,
-    bot_database: str,
-) -> AsyncIterator[Service]:
-    settings = bot_settings(
-        fake_slack,
-        gemini,
-        SLACK_APP_TOKEN="xapp-test",
-        SLACK_SIGNING_SECRET=None,
-        DATABASE_URL=bot_database,
-    )
-    svc = Service(settings, host="127.0.0.1")
-    await svc.start()
-    try:
-        yield svc
-    finally:
-        await svc.stop()
-
-
-async def test_socket_mode_acks_envelopes_and_replies_in_thread(
-    socket_service: Service,
-    socket_mode: FakeSocketMode,
-    fake_slack: FakeSlack,
-    gemini: FakeGemini,
-    team: str,
-) -> None:
-    (opened,) = fake_slack.calls_to("apps.connections.open")
-    assert opened.token == "xapp-test"
-    await asyncio.wait_for(socket_mode.connected.wait(), timeout=5)
-
-    gemini.script(text("Deployed nothing, just saying hi."))
-    ts = new_ts()
-    mention = sp.app_mention_event(team, REQUESTER, "C0GENERAL", f"<@{BOT_USER_ID}> hi", ts)
-    await socket_mode.send(
-        {
-            "envelope_id": "env-1",
-            "type": "events_api",
-            "accepts_response_payload": False,
-            "retry_attempt": 0,
-            "retry_reason": "",
-            "payload": json.loads(mention.body),
-        }
-    )
-    ack = await socket_mode.wait_for_ack("env-1")
-    assert ack == {"envelope_id": "env-1"}
-
-    (placeholder,) = await fake_slack.wait_for(
-        "chat.postMessage", predicate=in_channel("C0GENERAL", ts)
-    )
-    reply = await said(fake_slack, "Deployed nothing, just saying hi.", "C0GENERAL")
-    assert text_of(placeholder) == "_Thinking…_"
-    assert reply["thread_ts"] == ts
-    user_text = gemini.generate_requests()[0].json
-    assert user_text is not None and "<@U0000BOT>" not in json.dumps(user_text)
-
-    # Socket Mode serves no Slack route over HTTP: unsigned requests have nowhere to go.
-    async with aiohttp.ClientSession() as http:
-        client = SlackClient(http, socket_service, fake_slack)
-        assert (await client.send(mention))[0] == 404
-        assert await client.get("/healthz") == (200, {"ok": True})
-        async with http.get(f"{client.base}/metrics") as metrics:
-            assert metrics.status == 200
-            assert 'greenlight_turns_total{outcome="reply"} 1.0' in await metrics.text()
