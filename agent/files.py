@@ -60,7 +60,7 @@ class Files(Filesystem):
         params: ToolHookParams,
         ctx: GenerateMiddlewareContext,
         next_fn: Callable[[ToolHookParams, GenerateMiddlewareContext], Awaitable[Any]],
-    ) -> Any:  # noqa: ANN401 - Filesystem's own return type
+    ) -> Any:
         token = Files._running.set(self)
         try:
             return await super().wrap_tool(params, ctx, next_fn)
