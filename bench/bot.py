@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -126,8 +127,13 @@ async def bench_target(
     pool: ProcessPoolExecutor,
     profile: str | None,
     log: Callable[[str], None],
+    phases: str = "all",
+    env: dict[str, str] | None = None,
 ) -> JSON:
     """Every phase against one bot (`bench.serve` or `bench.baseline`).
+
+    `phases`: "all"; "latency" (warm-up and the levels only: the file-tools comparison);
+    "memory" (RSS after MEMORY_AT conversations at saturation, in a fresh service).
 
     `profile`: "py-spy" samples the service during saturation (and traces one conversation's
     SQL); "cprofile" runs the service under cProfile and only warms up, traces one
@@ -137,7 +143,7 @@ async def bench_target(
     with tempfile.TemporaryDirectory(dir=_scratch()) as tmp:
         ledger = Path(tmp) / "ledger.jsonl"
         stats_file = Path(tmp) / "sql-stats.json" if database_url else None
-        extra = {"GREENLIGHT_TEST_LEDGER": str(ledger)}
+        extra = {"GREENLIGHT_TEST_LEDGER": str(ledger)} | (env or {})
         if database_url is not None:
             extra |= {
                 "DATABASE_URL": database_url,
@@ -173,6 +179,9 @@ async def bench_target(
 
                 log(f"[{name}] warm-up")
                 result["warmup"] = await driver.warmup(plan.warmup)
+                if phases == "memory":
+                    result["memory"] = await memory(driver, log)
+                    return result
                 if profile and database_url is not None:
                     result["trace"] = await detailed_trace(driver)
                 result["levels"] = {}
@@ -181,6 +190,8 @@ async def bench_target(
                         continue
                     log(f"[{name}] {concurrency} concurrent x {rounds} rounds")
                     result["levels"][str(concurrency)] = await level(driver, concurrency, rounds)
+                if phases == "latency":
+                    return result
                 if not over("saturation"):
                     log(f"[{name}] saturation: {plan.saturation_total} conversations")
                     spy = _start_py_spy(service.pid) if profile == "py-spy" else None
@@ -216,6 +227,61 @@ async def bench_target(
                     "raw": str(CPROFILE_OUT)
                 }
         return result
+
+
+MEMORY_AT = (200, 2000)  # conversations after which the service's RSS is read
+FILES_PLAN_LEVELS = ((1, 20), (50, 2))
+FILES_PAIRS = 2
+
+
+async def memory(driver: Driver, log: Callable[[str], None]) -> JSON:
+    """RSS after 200 and after 2,000 conversations: per-process caches must be bounded."""
+    rss: JSON = {}
+    done = 0
+    for at in MEMORY_AT:
+        log(f"[memory] {at - done} conversations, then RSS")
+        driver.deadline = math.inf
+        await saturation(driver, 32, at - done, 600.0)
+        await driver.observer.quiesce(idle=0.2)
+        done = at
+        rss[str(at)] = driver.service.rss_mb()
+    first, last = rss[str(MEMORY_AT[0])], rss[str(MEMORY_AT[-1])]
+    return {"rss_mb": rss, "growth": round(last / first, 3) if first and last else None}
+
+
+async def files_comparison(
+    database_url: str | None, pool: ProcessPoolExecutor, log: Callable[[str], None]
+) -> JSON:
+    """The same flow (no file tool called) with and without AGENT_FILES_ROOT (one small
+    file), alternating in one sitting: what mounting the file tools costs a turn."""
+    plan = dataclasses.replace(QUICK, levels=FILES_PLAN_LEVELS, warmup=3)
+    runs: dict[str, list[JSON]] = {"without": [], "with": []}
+    with tempfile.TemporaryDirectory() as root:
+        (Path(root) / "notes.txt").write_text("hello\n")
+        for _ in range(FILES_PAIRS):
+            for kind, env in (("without", {}), ("with", {"AGENT_FILES_ROOT": root})):
+                async with temporary_database(database_url) as url:
+                    got = await bench_target(
+                        f"files {kind}", "bench.serve", plan, database_url=url, pool=pool,
+                        profile=None, log=log, phases="latency", env=env,
+                    )  # fmt: skip
+                runs[kind].append(got.get("levels", {}))
+
+    def median(kind: str, lv: str, metric: str) -> float | None:
+        values = [r.get(lv, {}).get(metric, {}).get("p50") for r in runs[kind]]
+        found = sorted(v for v in values if isinstance(v, int | float))
+        return found[len(found) // 2] if found else None
+
+    out: JSON = {}
+    for lv, _ in FILES_PLAN_LEVELS:
+        for metric in ("message_to_card_ms", "click_to_reply_ms"):
+            a, b = median("with", str(lv), metric), median("without", str(lv), metric)
+            out[f"{metric}_p50@{lv}"] = {
+                "with": a,
+                "without": b,
+                "ratio": round(a / b, 2) if a and b else None,
+            }
+    return out
 
 
 def _start_py_spy(pid: int) -> subprocess.Popen[bytes] | None:
@@ -281,9 +347,22 @@ async def run(
                 "baseline", "bench.baseline", plan, database_url=None, pool=pool,
                 profile=None, log=log,
             )  # fmt: skip
+        if target == "both" and profile is None:
+            async with temporary_database(database_url) as url:
+                mem = await bench_target(
+                    "memory", "bench.serve", plan, database_url=url, pool=pool,
+                    profile=None, log=log, phases="memory",
+                )  # fmt: skip
+            result["memory"] = mem.get("memory")
+            result["file_tools"] = await files_comparison(database_url, pool, log)
     if "greenlight" in result and "baseline" in result:
         result["ratios_ours_over_baseline"] = ratios(result["greenlight"], result["baseline"])
-    result["targets"] = targets(result.get("greenlight") or {})
+    result["targets"] = targets(
+        result.get("greenlight") or {},
+        result.get("ratios_ours_over_baseline") or {},
+        memory=result.get("memory"),
+        file_tools=result.get("file_tools"),
+    )
     result["elapsed_s"] = round(time.perf_counter() - started, 1)
     print(table(result))
     ours = result.get("greenlight") or {}
