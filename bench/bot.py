@@ -78,6 +78,7 @@ RESULTS = Path(__file__).parent / "results-bot.json"
 PROFILE_DIR = Path(tempfile.gettempdir())
 PY_SPY_OUT = PROFILE_DIR / "greenlight-bench-py-spy.txt"
 CPROFILE_OUT = PROFILE_DIR / "greenlight-bench.pstats"
+PYINSTRUMENT_OUT = PROFILE_DIR / "greenlight-bench-pyinstrument.json"
 
 SERVICE_ENV: dict[str, str] = {}  # --service-env KEY=VALUE: experiments (e.g. BENCH_UVLOOP=1)
 
@@ -151,6 +152,9 @@ async def bench_target(
                 "RECOVERY_INTERVAL_SECONDS": "3600",
                 "BENCH_STATS_FILE": str(stats_file),
             }
+        if profile == "pyinstrument":
+            PYINSTRUMENT_OUT.unlink(missing_ok=True)
+            extra["BENCH_PYINSTRUMENT"] = str(PYINSTRUMENT_OUT)
         if profile == "cprofile":
             CPROFILE_OUT.unlink(missing_ok=True)
             extra["BENCH_CPROFILE"] = str(CPROFILE_OUT)
@@ -184,6 +188,9 @@ async def bench_target(
                     return result
                 if profile and database_url is not None:
                     result["trace"] = await detailed_trace(driver)
+                if profile == "pyinstrument":
+                    result |= await profile_pieces(driver, plan, log)
+                    return result
                 result["levels"] = {}
                 for concurrency, rounds in plan.levels:
                     if profile == "cprofile" or over(f"level {concurrency}"):
@@ -227,6 +234,45 @@ async def bench_target(
                     "raw": str(CPROFILE_OUT)
                 }
         return result
+
+
+async def profile_pieces(driver: Driver, plan: Plan, log: Callable[[str], None]) -> JSON:
+    """Issue 23's profile: each SQL statement's and Slack method's wall time per
+    conversation at concurrency 1, then pyinstrument's samples during saturation by piece."""
+    from bench.harness import _sql_delta
+    from bench.profile import pieces
+
+    log("[profile] 20 conversations at concurrency 1, walls by statement and Slack method")
+    before = await driver.service.sql_stats()
+    one = await level(driver, 1, 20)
+    delta = _sql_delta(before, await driver.service.sql_stats()) or {}
+    n = max(one.get("completed") or 1, 1)
+
+    def walls(count: str, seconds: str) -> JSON:
+        return {
+            k: {"per_conversation": round(v / n, 2), "ms": round(1000 * delta[seconds][k] / n, 2)}
+            for k, v in sorted(delta.get(count, {}).items(), key=lambda kv: -kv[1])
+        }
+
+    out: JSON = {"walls_at_1": {"sql": walls("kinds", "kind_seconds")}}
+    out["walls_at_1"]["slack"] = walls("slack", "slack_seconds")
+    log(f"[profile] saturation under pyinstrument: {plan.saturation_total} conversations")
+    driver.service.proc.send_signal(signal.SIGWINCH)  # type: ignore[union-attr]
+    sat = await saturation(driver, plan.saturation_workers, plan.saturation_total, 120.0)
+    driver.service.proc.send_signal(signal.SIGWINCH)  # type: ignore[union-attr]
+    async with asyncio.timeout(60):
+        while not PYINSTRUMENT_OUT.exists():  # noqa: ASYNC110 - another process writes it
+            await asyncio.sleep(0.1)
+    records = json.loads(PYINSTRUMENT_OUT.read_text())
+    out["pieces"] = pieces(records, sat["completed"])
+    out["pieces"]["service_cpu_ms_per_conversation"] = _cpu(sat)
+    return out
+
+
+def _cpu(sat: JSON) -> float | None:
+    per = sat.get("per_conversation") or {}
+    value = per.get("service_cpu_ms")
+    return value if isinstance(value, int | float) else None
 
 
 MEMORY_AT = (200, 2000)  # conversations after which the service's RSS is read
@@ -366,6 +412,14 @@ async def run(
     result["elapsed_s"] = round(time.perf_counter() - started, 1)
     print(table(result))
     ours = result.get("greenlight") or {}
+    if "pieces" in ours:
+        from bench.profile import render_pieces
+
+        print("\n" + render_pieces(ours["pieces"]))
+        for what, rows in ours["walls_at_1"].items():
+            print(f"\n{what} at concurrency 1, per conversation (count, wall ms):")
+            for name, got in rows.items():
+                print(f"  {got['per_conversation']:6.2f}  {got['ms']:8.2f} ms  {name}")
     if "py_spy" in ours or "cprofile" in ours:
         from bench.profile import render, render_pstats
 
@@ -374,7 +428,7 @@ async def run(
             print(render(ours["py_spy"]))
         if "cprofile" in ours:
             print("\n" + render_pstats(ours["cprofile"]))
-    out = RESULTS if profile != "cprofile" else PROFILE_DIR / "greenlight-bench-profile.json"
+    out = RESULTS if profile is None else PROFILE_DIR / "greenlight-bench-profile.json"
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"\nwritten: {out}", file=sys.stderr)
     return result
@@ -387,7 +441,7 @@ def main() -> None:
     parser.add_argument("--target", choices=("both", "ours", "baseline"), default="both")
     parser.add_argument(
         "--profile",
-        choices=("py-spy", "cprofile"),
+        choices=("py-spy", "cprofile", "pyinstrument"),
         help="py-spy: sample the service during saturation; cprofile: a profiling run only "
         "(warm-up, saturation). Both print one conversation's SQL trace.",
     )
