@@ -257,6 +257,7 @@ async def profile_pieces(driver: Driver, plan: Plan, log: Callable[[str], None])
     out: JSON = {"walls_at_1": {"sql": walls("kinds", "kind_seconds")}}
     out["walls_at_1"]["slack"] = walls("slack", "slack_seconds")
     log(f"[profile] saturation under pyinstrument: {plan.saturation_total} conversations")
+    driver.deadline = math.inf  # every conversation sampled is counted
     driver.service.proc.send_signal(signal.SIGWINCH)  # type: ignore[union-attr]
     sat = await saturation(driver, plan.saturation_workers, plan.saturation_total, 120.0)
     driver.service.proc.send_signal(signal.SIGWINCH)  # type: ignore[union-attr]

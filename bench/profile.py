@@ -94,10 +94,10 @@ def pieces(records: list[tuple[list[str], float]], conversations: int) -> dict[s
             continue
         named = next((op for f, p in frames if (op := operation(f, p)) is not None), None)
         if named is None:
-            named = next(
-                (c for f, p in reversed(frames) if (c := component(f"({p}")) is not None),
-                "other",
-            )
+            found = [c for _, p in reversed(frames) if (c := component(f"({p}")) is not None]
+            named = found[0] if found else "other"
+            if named == "pydantic":  # validation for whom: the first other library out
+                named += " for " + next((c for c in found if c != "pydantic"), "other")
         by[named] += seconds
     busy = sum(by.values()) or 1e-9
     per = max(conversations, 1)
