@@ -290,7 +290,10 @@ async def test_refreshes_go_to_homes_opened_recently_and_at_most_so_many_a_minut
     approval = await deps.workflow.approval(team, asked.approval_id)
     assert approval is not None
     tabs.changed(slack, approval)
-    more = lambda: sum(len(fake_slack.homes[u]) - published[u] for u in (BOSS, ADMIN))  # noqa: E731
+
+    def more() -> int:
+        return sum(len(fake_slack.homes[u]) - published[u] for u in (BOSS, ADMIN))
+
     await poll(lambda: more() == 1, "one Home refreshed")
     await settle(service)
     assert more() == 1  # the other waits for the next minute
