@@ -93,6 +93,8 @@ def pieces(records: list[tuple[list[str], float]], conversations: int) -> dict[s
             idle += seconds
             continue
         named = next((op for f, p in frames if (op := operation(f, p)) is not None), None)
+        if named is None and frames and frames[-1][0].startswith("socket.send"):
+            named = "socket writes (the kernel; a core is given up to PostgreSQL)"
         if named is None:
             found = [c for _, p in reversed(frames) if (c := component(f"({p}")) is not None]
             named = found[0] if found else "other"
