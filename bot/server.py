@@ -32,7 +32,7 @@ from agent.files import FileTools
 from agent.limits import MessageLimits
 from agent.mcp_tools import McpServers, McpTools
 from agent.models import Credentials, ModelPluginError, Resilience
-from agent.policy import PolicyDefaults
+from agent.policy import policy_defaults
 from agent.policy_file import PolicyFile
 from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig, ToolModuleError
 from agent.workflow import Workflow
@@ -139,7 +139,7 @@ def read_policy_file(path: Path | None) -> PolicyFile | None:
     try:
         return policy_files.load(path)
     except policy_files.PolicyFileError as exc:
-        raise ConfigError([f"POLICY_FILE {exc}"]) from None
+        raise ConfigError([f"POLICY_FILE {p}" for p in exc.problems]) from None
 
 
 class Service:
@@ -281,11 +281,10 @@ class Service:
                 fallbacks=tuple(s.AGENT_FALLBACK_MODELS),
             ),
         )
-        file_defaults = policy_file.defaults if policy_file else policy_files.Defaults()
-        defaults = PolicyDefaults(
+        defaults = policy_defaults(
+            policy_file,
             channel=s.APPROVER_CHANNEL,
-            timeout=file_defaults.timeout or timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS),
-            approvals=file_defaults.approvals or 1,
+            timeout=timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS),
         )
         try:
             workflow = build_workflow(
@@ -313,7 +312,7 @@ class Service:
         except (ToolModuleError, ModelPluginError) as exc:
             raise ConfigError([str(exc)]) from None
         except policy_files.PolicyFileError as exc:
-            raise ConfigError([f"POLICY_FILE {exc}"]) from None
+            raise ConfigError([f"POLICY_FILE {p}" for p in exc.problems]) from None
         return workflow
 
     async def _prepare_policy(
