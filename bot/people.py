@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -16,8 +17,10 @@ from agent.policy import ApproverFacts, Policy
 from agent.workflow import Approval
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CACHE_TTL = timedelta(seconds=60)
+CACHE_KEPT = 10_000  # entries per cache: past it the expired go, then the oldest
 MEMBER_PAGES = 10  # of conversations.members (1000 each): an approver channel is smaller
 
 
@@ -37,6 +40,17 @@ class People:
         self._private_cache: dict[str, tuple[datetime, bool]] = {}
         self._member_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
 
+    def _keep(self, cache: dict[str, tuple[datetime, T]], key: str, value: T) -> None:
+        """Cache `value` for the TTL, in a cache of at most CACHE_KEPT entries."""
+        now = self._clock()
+        if len(cache) >= CACHE_KEPT:
+            for stale in [k for k, (until, _) in cache.items() if until <= now]:
+                del cache[stale]
+            while len(cache) >= CACHE_KEPT:
+                del cache[next(iter(cache))]  # the oldest
+        cache.pop(key, None)  # re-inserted: the newest
+        cache[key] = (now + self._ttl, value)
+
     async def is_admin(self, client: AsyncWebClient, user: str) -> bool:
         """ADMIN_USERS, or a workspace admin or owner according to users.info."""
         if user in self._admins:
@@ -50,7 +64,7 @@ class People:
             log.warning("users.info failed for %s: %s", user, exc.response.get("error"))
             return False  # fail closed: no policy change on a doubt
         admin = bool(info.get("is_admin") or info.get("is_owner") or info.get("is_primary_owner"))
-        self._admin_cache[user] = (self._clock() + self._ttl, admin)
+        self._keep(self._admin_cache, user, admin)
         return admin
 
     async def group_members(self, client: AsyncWebClient, group: str) -> frozenset[str]:
@@ -63,7 +77,7 @@ class People:
             log.warning("usergroups.users.list failed for %s: %s", group, exc.response.get("error"))
             return frozenset()
         members = frozenset(users)
-        self._group_cache[group] = (self._clock() + self._ttl, members)
+        self._keep(self._group_cache, group, members)
         return members
 
     async def is_private(self, client: AsyncWebClient, channel: str) -> bool:
@@ -78,7 +92,7 @@ class People:
             log.warning("conversations.info failed for %s: %s", channel, exc.response.get("error"))
             return False
         private = bool(info.get("is_private"))
-        self._private_cache[channel] = (self._clock() + self._ttl, private)
+        self._keep(self._private_cache, channel, private)
         return private
 
     async def channel_members(self, client: AsyncWebClient, channel: str) -> frozenset[str]:
@@ -103,7 +117,7 @@ class People:
             )
             return frozenset()
         found = frozenset(members)
-        self._member_cache[channel] = (self._clock() + self._ttl, found)
+        self._keep(self._member_cache, channel, found)
         return found
 
     async def approver_facts(

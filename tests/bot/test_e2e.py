@@ -209,9 +209,13 @@ async def test_dm_to_card_to_approve_to_reply(
     await settle(service)
     final = json.dumps(fake_slack.messages[update.args["ts"]]["blocks"])  # what approvers see
     assert "Approved by <@UBOSS>" in final and "Ran." in final
-    # The thread's link, looked up early and shared by every card and redraw: asked once.
-    links = [c.args["message_ts"] for c in fake_slack.calls_to("chat.getPermalink")]
-    assert links.count(asked.thread_ts) == 1
+    # The thread's link, built as Slack builds it (the workspace's address from auth.test):
+    # the card links to the thread, the requester's note to the card; nothing asked.
+    assert fake_slack.calls_to("chat.getPermalink") == []
+    thread_link = f"https://example.slack.com/archives/{DM}/p{asked.thread_ts.replace('.', '')}"
+    assert f"<{thread_link}|" in final
+    card_link = f"archives/{APPROVERS}/p{update.args['ts'].replace('.', '')}|"
+    assert any(card_link in json.dumps(c.args) for c in fake_slack.calls_to("chat.update"))
 
 
 async def test_deny_with_a_reason_reaches_the_model_and_nothing_runs(
