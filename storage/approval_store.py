@@ -176,7 +176,7 @@ _completes = guard(APPROVE)  # read off the row as it was: this vote completes t
 
 
 _EDITED = sa.bindparam("edited", type_=sa.JSON(none_as_null=True))
-_EDITED_PREVIEW = sa.bindparam("edited_preview", type_=A.c.edited_preview.type)
+_EDITED_PREVIEW = sa.bindparam("new_preview", type_=A.c.edited_preview.type)
 
 
 def _if_complete(value: Any) -> sa.Case[Any]:
@@ -227,7 +227,7 @@ EDITING = write(
 _EDITOR = sa.bindparam("by", type_=V.c.voter.type)
 EARLIER_VOTES = sa.delete(V).where(V.c.approval_id == ROW_ID)  # they named other versions
 EDITORS_VOTE = sa.insert(V).values(
-    approval_id=ROW_ID, voter=_EDITOR, at=NOW, version=sa.bindparam("version")
+    approval_id=ROW_ID, voter=_EDITOR, at=NOW, version=sa.bindparam("new_version")
 )
 ANSWERING = Atomic(
     write(
@@ -532,7 +532,7 @@ class ApprovalStore:
         )
         params: dict[str, Any] = {"by": decision.by, "because": decision.reason}
         params |= {"now": decision.at, "edited": edited.input if edited else None}
-        params |= {"edited_preview": edited.preview if edited else None, "seen": seen}
+        params |= {"new_preview": edited.preview if edited else None, "seen": seen}
         if isinstance(decision, Denied):
             row = await self._change(DENYING, DENY, decided, decision.at, params)
             return _approval(row._mapping, approval.thread), int(row.others_pending)
@@ -565,7 +565,7 @@ class ApprovalStore:
         seen = approval.version if seen is None else seen
         edited = replace(approval, edit=edit, votes=(Vote(edit.by, edit.at),), version=seen + 1)
         params = _key(approval) | {"by": edit.by, "edited": edit.input, "now": edit.at}
-        params |= {"edited_preview": edit.preview, "seen": seen, "version": seen + 1}
+        params |= {"new_preview": edit.preview, "seen": seen, "new_version": seen + 1}
         note = NOTE.params(_audit(EDIT, edited, edit.at))
         async with self._sessions.begin() as db:
             row = (await db.execute(EDITING, params)).first()

@@ -32,8 +32,8 @@ from tests.bot.conftest import (
     DM,
     FakeSocketMode,
     SlackClient,
+    approval_id_of,
     bot_settings,
-    button_value,
     in_channel,
     new_ts,
     settle,
@@ -89,7 +89,7 @@ async def ask(
     (note,) = await fake_slack.wait_for(
         "chat.update", predicate=lambda c: in_channel(DM)(c) and "approval" in text_of(c)
     )
-    return Asked(ts, placeholder, card, note, button_value(card, "approve"))
+    return Asked(ts, placeholder, card, note, approval_id_of(card))
 
 
 def text_of(call: Call) -> str:

@@ -209,6 +209,7 @@ async def test_approval_transitions_take_exactly_when_the_table_allows(
             Requirement.PAST_DEADLINE: expires_at <= NOW,
             Requirement.APPROVED: status == ApprovalState.APPROVED,
             Requirement.SAME_CALL: True,
+            Requirement.SAME_VERSION: True,
             Requirement.NEW_VOTER: True,
             Requirement.QUORUM_MET: True,  # one approver needed, none so far
         }
