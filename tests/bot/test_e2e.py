@@ -177,9 +177,9 @@ async def test_dm_to_card_to_approve_to_reply(
     }
     (actions,) = [b for b in card_blocks if b.get("block_id") == "approval"]
     assert [(e["action_id"], e["value"]) for e in actions["elements"]] == [
-        ("approve", asked.approval_id),
-        ("edit_approve", asked.approval_id),
-        ("deny", asked.approval_id),
+        ("approve", f"{asked.approval_id}~1"),
+        ("edit_approve", f"{asked.approval_id}~1"),
+        ("deny", f"{asked.approval_id}~1"),
     ]
     assert "thread_ts" not in asked.card.args
     [pending] = await service.deps.workflow.pending(team)
