@@ -85,7 +85,7 @@ async def test_an_edit_reverted_by_a_second_approver_never_runs_the_edit(
         200,
         "",
     )
-    (v2,) = await fake_slack.wait_for("chat.update", predicate=shows("version 2"))
+    (v2,) = await fake_slack.wait_for("chat.update", predicate=shows("Changed by <@UBOSS>"))
     assert "1 of 2 approvals:* <@UBOSS>" in json.dumps(v2.args["blocks"])
     await settle(service)
 
@@ -93,7 +93,7 @@ async def test_an_edit_reverted_by_a_second_approver_never_runs_the_edit(
     inputs = {b["block_id"]: b["element"] for b in view["blocks"] if b["type"] == "input"}
     assert inputs["toAccount"]["initial_value"] == "EXT999"  # the version Bob is shown
     assert await client.submit(team, BOB, view, form(amount="500", toAccount="ACC-1")) == (200, "")
-    (v3,) = await fake_slack.wait_for("chat.update", predicate=shows("version 3"))
+    (v3,) = await fake_slack.wait_for("chat.update", predicate=shows("Changed by <@UCFO>"))
     blocks = json.dumps(v3.args["blocks"], ensure_ascii=False)
     assert (
         "1 of 2 approvals:* <@UCFO>" in blocks and "back to the call as the agent asked" in blocks
@@ -136,7 +136,7 @@ async def test_a_modal_opened_before_an_edit_and_submitted_unchanged_counts_for_
         200,
         "",
     )
-    await fake_slack.wait_for("chat.update", predicate=shows("version 2"))
+    await fake_slack.wait_for("chat.update", predicate=shows("Changed by <@UBOSS>"))
     await settle(service)
 
     status, body = await client.submit(team, BOB, bobs, form(amount="500", toAccount="ACC-1"))
@@ -190,7 +190,7 @@ async def test_after_an_edit_the_next_approver_sees_the_whole_new_version_and_it
     assert len(long) == 1500
     view = await open_edit(client, fake_slack, team, ALICE, asked.card)
     assert await client.submit(team, ALICE, view, form(amount="300", toAccount=long)) == (200, "")
-    (v2,) = await fake_slack.wait_for("chat.update", predicate=shows("version 2"))
+    (v2,) = await fake_slack.wait_for("chat.update", predicate=shows("Changed by <@UBOSS>"))
     blocks = json.dumps(v2.args["blocks"], ensure_ascii=False)
     assert "1,500 characters in all" in blocks and "hidden characters" in blocks
     assert "Balance after transfer: 700.00" in blocks and "750.00" not in blocks
