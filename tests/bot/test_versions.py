@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from bot import forms
 from bot.server import Service
 from tests import ledger_tools
 from tests.bot.conftest import APPROVERS, SlackClient, in_channel, settle
@@ -277,3 +278,26 @@ async def test_a_number_sent_as_a_string_is_judged_as_the_number_the_tool_gets(
     await settle(service)
     [entry] = ledger_tools.entries()
     assert (entry["amount"], entry["to"]) == (250000, "9")
+
+
+def test_the_edit_form_keeps_untouched_values_exactly_and_reads_large_integers_exactly() -> None:
+    schema = {
+        "properties": {
+            "n": {"type": "integer"},
+            "note": {"type": "string"},
+            "tags": {"type": "array"},
+            "kind": {"enum": ["a", "b"]},
+        }
+    }
+    big, note = 2**53 + 1, "x" * 3500
+    before = {"n": big, "note": note, "tags": [1, 2], "kind": "a", "extra": True, "empty": ""}
+    inputs = {b["block_id"]: b["element"] for b in forms.form_blocks(schema, before)}
+    state = {
+        "n": {"value": {"value": inputs["n"]["initial_value"]}},
+        "note": {"value": {"value": inputs["note"]["initial_value"]}},
+        "tags": {"value": {"value": inputs["tags"]["initial_value"]}},
+        "kind": {"value": {"selected_option": inputs["kind"]["initial_option"]}},
+    }
+    assert forms.form_values(schema, state, before) == (before, {})
+    state["n"] = {"value": {"value": str(big + 2)}}  # typed: read exactly, not via a float
+    assert forms.form_values(schema, state, before)[0]["n"] == big + 2
