@@ -4,7 +4,9 @@ HTTP), fake Slack, fake Gemini and PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -301,3 +303,26 @@ def test_the_edit_form_keeps_untouched_values_exactly_and_reads_large_integers_e
     assert forms.form_values(schema, state, before) == (before, {})
     state["n"] = {"value": {"value": str(big + 2)}}  # typed: read exactly, not via a float
     assert forms.form_values(schema, state, before)[0]["n"] == big + 2
+
+
+SOON = "tools:\n  transferMoney:\n    timeout: 4s\n"
+
+
+@pytest.mark.parametrize("policy", [SOON])
+async def test_an_edit_whose_lookups_outlast_the_deadline_changes_nothing(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """Submitted in time, but Slack took long to say Alice is still in the approver channel:
+    the edit's decision time is taken after that, so the request expires and nothing runs."""
+    asked = await ask(client, fake_slack, gemini, team, args=PAYMENT)
+    view = await open_edit(client, fake_slack, team, ALICE, asked.card)
+    fake_slack.delays["conversations.members"] = 2.0
+    # Submitted a second before the deadline (a clock moment, not work to wait for).
+    left = (await pending(service, team, asked.approval_id)).request.expires_at - datetime.now(UTC)
+    await asyncio.sleep(max(left.total_seconds() - 1.0, 0))
+    status, body = await client.submit(team, ALICE, view, form(amount="300", toAccount="ACC-1"))
+    assert status == 200 and "Already expired" in json.dumps(json.loads(body)["errors"])
+    await settle(service)
+    now = await pending(service, team, asked.approval_id)
+    assert now.state.value == "expired" and now.edit is None
+    assert ledger_tools.entries() == []
