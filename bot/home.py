@@ -98,7 +98,7 @@ def own_item(a: Approval, *, thread_link: str | None, turn_waits: bool) -> block
         line += f"  ·  {link}"
     if (asked := _question(a)) is not None:
         line += f"\n{asked}"
-    elif summary := blocks._summary(r.input):
+    elif summary := blocks._summary(a.current.input):  # what will run, edits included
         line += f"\n{summary}"
     section = blocks._section(line)
     if r.asks == "requester" and a.decision is None:  # theirs to answer, here too
