@@ -530,7 +530,7 @@ class Workflow:
         policy: Policy | None = None,
     ) -> None:
         """DecisionRefused unless `person` may decide this request (agent/policy.py), under
-        its tool's policy for the call as asked (or `policy`, given)."""
+        its tool's policy for the current version (or `policy`, given)."""
         r = approval.request
         policy = policy or self._for_version(self._policies.of(r.tool, stored), approval)
         if callable(facts):
