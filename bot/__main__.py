@@ -1,5 +1,6 @@
 """`python -m bot` (or `greenlight`) serves Slack; `python -m bot demo` runs the offline demo;
-`greenlight audit export …` writes the audit trail to stdout."""
+`greenlight audit export …` writes the audit trail to stdout; `greenlight policy check|test`
+checks and tests a POLICY_FILE offline."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 
 from bot.logs import setup_logging
 from bot.settings import ConfigError, Settings, load_settings
+from storage.embedded import EmbeddedError
 
 
 def settings_or_exit() -> Settings:
@@ -26,13 +28,24 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["demo"]:
         from bot.demo import run_demo
 
-        return asyncio.run(run_demo())
+        try:
+            return asyncio.run(run_demo())
+        except EmbeddedError as exc:
+            print(f"The demo cannot start: {exc}", file=sys.stderr)
+            return 1
     if args[:1] == ["audit"]:
         from bot.audit_export import main as audit_main
 
         return audit_main(args[1:])
+    if args[:1] == ["policy"]:
+        from bot.policy_cli import main as policy_main
+
+        return policy_main(args[1:])
     if args and args[0] not in {"serve"}:
-        print("usage: greenlight [serve|demo|audit export --since DATE]", file=sys.stderr)
+        print(
+            "usage: greenlight [serve|demo|audit export --since DATE|policy check|policy test]",
+            file=sys.stderr,
+        )
         return 2
     settings = settings_or_exit()
     from bot.server import serve
@@ -42,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # found at start: what Slack says about the approver channel
         print(exc.render(), file=sys.stderr)
         return 2
+    except EmbeddedError as exc:
+        print(f"Greenlight cannot start: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -12,13 +12,13 @@ import signal
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import SecretStr
-from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
@@ -30,9 +30,9 @@ from agent.approval import ToolTimeouts
 from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.files import FileTools
 from agent.limits import MessageLimits
-from agent.mcp_tools import McpServers, McpTools
+from agent.mcp_config import McpServers
 from agent.models import Credentials, ModelPluginError, Resilience
-from agent.policy import PolicyDefaults
+from agent.policy import policy_defaults
 from agent.policy_file import PolicyFile
 from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig, ToolModuleError
 from agent.workflow import Workflow
@@ -47,12 +47,16 @@ from bot.listeners.commands import policy_summary
 from bot.metrics import Metrics
 from bot.people import People
 from bot.settings import ConfigError, Settings
+from storage import embedded
 from storage.db import make_engine, make_session_factory
-from storage.migrate import upgrade
+
+if TYPE_CHECKING:
+    from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
+
+    from agent.mcp_tools import McpTools
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_GRACE = 25.0  # seconds for in-flight work before it is cut off
 FOLLOW_UP_INTERVAL = 5.0  # seconds between looks for due reminders and escalations
 SLACK_PATH = "/slack/events"
 HEALTH_TIMEOUT = 2.0  # seconds /healthz waits for the database before it answers 503
@@ -139,7 +143,7 @@ def read_policy_file(path: Path | None) -> PolicyFile | None:
     try:
         return policy_files.load(path)
     except policy_files.PolicyFileError as exc:
-        raise ConfigError([f"POLICY_FILE {exc}"]) from None
+        raise ConfigError([f"POLICY_FILE {p}" for p in exc.problems]) from None
 
 
 class Service:
@@ -162,6 +166,8 @@ class Service:
         self.port: int | None = None
         # Connections kept open: past them, each burst opens (and the pool later closes)
         # one per extra request, which costs both sides far more than the statements.
+        if settings.DATABASE_URL is None:
+            raise ConfigError(["DATABASE_URL is not set (serve() starts the embedded server)"])
         self._engine = make_engine(settings.DATABASE_URL, pool_size=settings.DATABASE_POOL_SIZE)
         # /healthz has a connection of its own, outside the pool: a pool that busy work
         # exhausted would make it wait (30 s) for one, not tell whether the database answers.
@@ -182,6 +188,8 @@ class Service:
     async def start(self) -> None:
         s = self.settings
         if s.MIGRATE_ON_START:
+            from storage.migrate import upgrade  # Alembic: only when it runs
+
             await upgrade(self._engine)
         policy_file = read_policy_file(s.POLICY_FILE)
         servers = mcp_servers(s, policy_file)
@@ -229,9 +237,12 @@ class Service:
             api_url=s.SLACK_API_URL,
             slack_errors=self.metrics.slack_api_error,
         )
-        self.mcp = McpTools(servers, workflow.runtime)
-        self.mcp.on_added = functools.partial(self._mcp_tools_added, workflow, policy_file)
-        await self.mcp.start()
+        if servers:
+            from agent.mcp_tools import McpTools  # the MCP SDK: only when a server is set
+
+            self.mcp = McpTools(servers, workflow.runtime)
+            self.mcp.on_added = functools.partial(self._mcp_tools_added, workflow, policy_file)
+            await self.mcp.start()
         await self._prepare_policy(app.client, workflow, policy_file)
         # Socket Mode gets no Slack route: unsigned HTTP requests must never reach Bolt.
         web_app = web.Application() if s.socket_mode else app.web_app(path=SLACK_PATH)
@@ -245,6 +256,8 @@ class Service:
         await site.start()
         self.port = self._runner.addresses[0][1]
         if s.SLACK_APP_TOKEN is not None:
+            from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
+
             self._socket = AsyncSocketModeHandler(app, s.SLACK_APP_TOKEN.get_secret_value())
             await self._socket.connect_async()  # type: ignore[no-untyped-call]
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="recovery sweep")
@@ -281,11 +294,10 @@ class Service:
                 fallbacks=tuple(s.AGENT_FALLBACK_MODELS),
             ),
         )
-        file_defaults = policy_file.defaults if policy_file else policy_files.Defaults()
-        defaults = PolicyDefaults(
+        defaults = policy_defaults(
+            policy_file,
             channel=s.APPROVER_CHANNEL,
-            timeout=file_defaults.timeout or timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS),
-            approvals=file_defaults.approvals or 1,
+            timeout=timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS),
         )
         try:
             workflow = build_workflow(
@@ -313,7 +325,7 @@ class Service:
         except (ToolModuleError, ModelPluginError) as exc:
             raise ConfigError([str(exc)]) from None
         except policy_files.PolicyFileError as exc:
-            raise ConfigError([f"POLICY_FILE {exc}"]) from None
+            raise ConfigError([f"POLICY_FILE {p}" for p in exc.problems]) from None
         return workflow
 
     async def _prepare_policy(
@@ -358,7 +370,7 @@ class Service:
             await self._runner.cleanup()
         if self.deps is not None:
             self.deps.home.close()
-            cut = await self.deps.background.drain(SHUTDOWN_GRACE)
+            cut = await self.deps.background.drain(self.settings.SHUTDOWN_GRACE_SECONDS)
             if cut:
                 log.warning(
                     "shutdown cut off %d turns: resumes were handed back for the next "
@@ -432,16 +444,17 @@ def freeze_heap() -> None:
 
 
 async def serve(settings: Settings, *, host: str = "0.0.0.0") -> None:  # noqa: S104
-    """Run until SIGTERM or SIGINT."""
-    service = Service(settings, host=host)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await service.start()
-        freeze_heap()
-        await stop.wait()
-        log.info("shutting down")
-    finally:
-        await service.stop()
+    """Run until SIGTERM or SIGINT; with DATABASE_URL unset, on the embedded PostgreSQL."""
+    with embedded.unless_given(settings.DATABASE_URL) as url:
+        service = Service(settings.model_copy(update={"DATABASE_URL": url}), host=host)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await service.start()
+            freeze_heap()
+            await stop.wait()
+            log.info("shutting down")
+        finally:
+            await service.stop()
