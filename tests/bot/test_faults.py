@@ -318,7 +318,7 @@ async def bot_process(
     gemini: FakeGemini,
     database: str | None,
     tmp: Path,
-    cwd: Path = REPO,
+    cwd: Path | str = REPO,  # str: so that **settings (str values) type-checks
     **settings: str,
 ) -> AsyncIterator[BotProcess]:
     """`settings`: more environment variables (LOG_FORMAT="json", say); `database` None: unset
