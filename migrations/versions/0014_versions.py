@@ -6,7 +6,7 @@ coerced them (a restart must carry them exactly); `edited_preview` is the tool's
 the edited call. `approval_votes.version` is the version a vote counts for.
 
 Revision ID: 0014
-Revises: 0013
+Revises: 0017 (main already has 0017 on 0013; the lead re-chains)
 """
 
 from collections.abc import Sequence
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0014"
-down_revision: str | None = "0013"
+down_revision: str | None = "0017"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
