@@ -14,7 +14,7 @@ import json
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from agent.context import Line
@@ -342,28 +342,27 @@ def history_text(r: Request) -> str | None:
     )
 
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
 def as_seen(a: Approval) -> str:
-    """A button's value: the approval, and the edit it shows (so a click on a card drawn
-    before a change approves nothing it did not show)."""
-    if a.edit is None:
-        return a.id
-    return f"{a.id}~{(_utc(a.edit.at) - EPOCH) // timedelta(microseconds=1)}"
+    """A decision button's value: the approval, and the version it shows (so a click on a
+    view drawn before a change decides nothing it did not show)."""
+    return f"{a.id}~{a.version}"
 
 
 def edit_text(a: Approval) -> str:
     """An approver's changes: each field, struck through and replaced."""
     assert a.edit is not None
     lines = []
-    for key, change in list(a.edit.changes(a.request.input).items())[:20]:
+    changes = a.edit.changes(a.request.input)
+    for key, change in list(changes.items())[:20]:
         old, new = (_fit(_show(change[k], 200), 200)[0] for k in ("from", "to"))
         was = f"~{old}~" if change["from"] is not None else "_(none)_"
         now = new if change["to"] is not None else "_(removed)_"
         lines.append(f"• *{_fit(str(key), KEY_MAX)[0]}*: {was} → {now}")
-    who = f"✏️ *Changed by {mention(a.edit.by)}* at {date(a.edit.at)}: the call runs with"
-    return f"{who}\n" + "\n".join(lines)
+    who = f"✏️ *Changed by {mention(a.edit.by)}* at {date(a.edit.at)} (version {a.version})"
+    if not changes:
+        return f"{who}: back to the call as the agent asked it; the arguments above are it"
+    what = "the call runs with the arguments above, changed from what the agent asked"
+    return f"{who}: {what}:\n" + "\n".join(lines)
 
 
 def quorum_text(a: Approval) -> str:
@@ -428,11 +427,13 @@ def approval_card(
     if note:
         blocks.append(_context(escape(note)))
     blocks += request_sections(r)
-    fields, shortened = _input_fields(r.input, r.context.sources)
+    # The current version, whole: an edit is shown with the same care as the agent's call.
+    v = a.current
+    fields, shortened = _input_fields(v.input, v.sources)
     blocks.append({"type": "section", "fields": fields} if fields else _section("_No input._"))
     if shortened:
-        blocks.append(_full_input(r.input))
-    preview, preview_cut = _preview(r.preview)
+        blocks.append(_full_input(v.input))
+    preview, preview_cut = _preview(v.preview)
     if history := history_text(r):
         blocks.append(_context(history))
     shows = [_button("Show conversation", "show_conversation", a.id)]
@@ -460,7 +461,7 @@ def approval_card(
                 "elements": [
                     _button("Approve", "approve", as_seen(a), "primary"),
                     *([_button("Edit & approve", "edit_approve", as_seen(a))] * editable),
-                    _button("Deny", "deny", a.id, "danger"),
+                    _button("Deny", "deny", as_seen(a), "danger"),
                 ],
             }
         )
@@ -745,11 +746,9 @@ def refusal_text(reason: str, a: Approval | None) -> str:
             f"approve. An admin must make the channel private or name approvers ({command})."
         )
     if reason == "changed":
-        return "The request was changed since your card showed it: look at it again."
-    if reason == "needs_more_approvers":
         return (
-            "With those changes the call needs more approvers than it asked for. Deny it and "
-            "ask the agent to request it again."
+            "The request was changed since you saw it, so that changed nothing. "
+            "Here it is as it is now."
         )
     if reason == "a_question":
         return "This is a question, not an approval: answer it with Answer."
@@ -785,12 +784,15 @@ MODAL_BLOCKS = 100
 def full_request_modal(a: Approval) -> dict[str, Any]:
     """The complete input as JSON, over as many blocks as it needs: what a card shortened is
     never out of an approver's sight."""
-    notes = "".join(f"\n{w}" for w in warnings("", a.request.input))
+    v = a.current  # what would run: the latest version
+    notes = "".join(f"\n{w}" for w in warnings("", v.input))
+    if v.edit is not None:
+        notes += f"\n✏️ Version {v.number}, changed by {mention(v.edit.by)} at {date(v.edit.at)}"
     head = _section(f"{_code(a.request.tool)} requested by {mention(a.request.requester)}{notes}")
     fence = "```\n", "\n```"
-    body = _no_fence(escape(json.dumps(a.request.input, indent=2, ensure_ascii=False)))
-    if a.request.preview and "\n" in a.request.preview.strip():  # a diff: whole, after the input
-        body += "\n\n" + _no_fence(escape(a.request.preview))
+    body = _no_fence(escape(json.dumps(v.input, indent=2, ensure_ascii=False)))
+    if v.preview and "\n" in v.preview.strip():  # a diff: whole, after the input
+        body += "\n\n" + _no_fence(escape(v.preview))
     pieces = _chunks(body, SECTION_MAX - len(fence[0]) - len(fence[1]))
     room = MODAL_BLOCKS - 2
     sections = [_section(fence[0] + p + fence[1]) for p in pieces[:room]]
@@ -865,10 +867,11 @@ def conversation_modal(
     }
 
 
-def edit_modal(a: Approval, form: list[Block]) -> dict[str, Any]:
-    """Edit & approve: every argument of the call, to change before approving it."""
+def edit_modal(a: Approval, form: list[Block], *, note: str = "") -> dict[str, Any]:
+    """Edit & approve: every argument of the call's current version, to change before
+    approving it. `note`: said first (why the modal shows another version now)."""
     r = a.request
-    note = (
+    what = (
         "Your changes count as your approval; the others who approved it will be asked again."
         if r.approvals_needed > 1
         else "The call runs with your changes, and the agent is told what you changed."
@@ -880,7 +883,8 @@ def edit_modal(a: Approval, form: list[Block]) -> dict[str, Any]:
         "submit": {"type": "plain_text", "text": "Approve"},
         "close": {"type": "plain_text", "text": "Cancel"},
         "blocks": [
-            _section(f"{_code(r.tool)} requested by {mention(r.requester)}. {note}"),
+            *([_section(f"⚠️ {note}")] if note else []),
+            _section(f"{_code(r.tool)} requested by {mention(r.requester)}. {what}"),
             *form,
         ],
     }

@@ -162,6 +162,13 @@ class ApprovalRow(Base):
     edited_input: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     edited_by: Mapped[str | None] = mapped_column(String(32))
     edited_at: Mapped[datetime | None]
+    edited_preview: Mapped[str | None] = mapped_column(Text)  # the preview of the edited call
+    # The call's current version: 1 as the agent asked it, the next for each edit. What an
+    # approver saw is named by it; a decision on another version changes nothing.
+    version: Mapped[int] = mapped_column(Integer, server_default="1")
+    # The model's own arguments, when the tool's schema coerced them into `input` (a
+    # restart of the call must carry them exactly); NULL when they are `input`.
+    asked_input: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     status: Mapped[ApprovalState] = mapped_column(_enum(ApprovalState))
     decided_by: Mapped[str | None] = mapped_column(String(32))
     decided_at: Mapped[datetime | None]
@@ -198,6 +205,7 @@ class VoteRow(Base):
     approval_id: Mapped[str] = mapped_column(ForeignKey("approvals.id"), primary_key=True)
     voter: Mapped[str] = mapped_column(String(32), primary_key=True)
     at: Mapped[datetime]
+    version: Mapped[int] = mapped_column(Integer, server_default="1")  # what it approved
 
 
 class PolicyRow(Base):

@@ -173,9 +173,9 @@ def test_pending_card_layout() -> None:
     assert [b["action_id"] for b in actions[0]["elements"]] == ["show_conversation"]
     buttons = actions[1]["elements"]
     assert [(b["action_id"], b["value"], b.get("style")) for b in buttons] == [
-        ("approve", "ap-1", "primary"),
-        ("edit_approve", "ap-1", None),
-        ("deny", "ap-1", "danger"),
+        ("approve", "ap-1~1", "primary"),
+        ("edit_approve", "ap-1~1", None),
+        ("deny", "ap-1~1", "danger"),
     ]
     assert "Full input" not in json.dumps(card)  # nothing was shortened
     assert f"<!date^{int((NOW + timedelta(hours=1)).timestamp())}^" in json.dumps(card)

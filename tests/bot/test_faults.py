@@ -50,7 +50,7 @@ from tests.bot.conftest import (
     DM,
     SECRET,
     SlackClient,
-    button_value,
+    approval_id_of,
     in_channel,
     new_ts,
     settle,
@@ -105,7 +105,7 @@ async def test_a_card_is_posted_once_through_a_500_and_a_429(
     attempts = approver_posts(fake_slack)
     assert [c.injected for c in attempts] == [True, True, False]  # 500, 429, posted
 
-    approval_id = button_value(card, "approve")
+    approval_id = approval_id_of(card)
     assert service.deps is not None
     info = await service.deps.workflow.approval(team, approval_id)
     assert info is not None and info.card is not None and info.card.ts is not None
@@ -378,7 +378,7 @@ async def approved_while_answering(
     (card,) = await fake_slack.wait_for(
         "chat.postMessage", predicate=in_channel(APPROVERS), timeout=30
     )
-    approval_id = button_value(card, "approve")
+    approval_id = approval_id_of(card)
     click = sp.block_actions(
         team,
         BOSS,
@@ -977,7 +977,7 @@ async def test_fuzzed_deny_reasons_are_recorded_clipped_and_escaped(
     await settle(service)
 
     expected = reason.replace("\x00", "").strip()[:500] or None
-    info = await service.deps.workflow.approval(team, button_value(card, "deny"))
+    info = await service.deps.workflow.approval(team, approval_id_of(card))
     assert info is not None and isinstance(info.decision, Denied)
     assert info.decision.reason == expected
     error = "denied by UBOSS" + (f": {expected}" if expected else "")
