@@ -101,6 +101,29 @@ def mixes_scripts(text: str) -> bool:
     return False
 
 
+def looks_latin(text: str) -> bool:
+    """Whether a word is written wholly in letters of another alphabet that look like Latin
+    ones (EXT999 spelt with Cyrillic letters): each letter one that Unicode's confusables
+    list gives a plain ASCII look-alike. Ordinary Russian or Greek words have letters with
+    none (Москва, Ελλάδα), so they are not flagged."""
+    from confusable_homoglyphs import confusables  # its tables load on first use
+
+    for word in _WORD.findall(text):
+        if word.isascii():
+            continue
+        found = confusables.is_confusable(word, greedy=True, preferred_aliases=["latin"]) or []
+        ascii_twin = {
+            f["character"]
+            for f in found
+            if any(
+                len(h["c"]) == 1 and h["c"].isascii() and h["c"].isalnum() for h in f["homoglyphs"]
+            )
+        }
+        if all(ch.isascii() or ch in ascii_twin for ch in word):
+            return True
+    return False
+
+
 def escape(text: str) -> str:
     """Neutralise Slack's control characters (mentions and links then render as plain text)
     and show hidden characters."""
@@ -164,6 +187,19 @@ def _show(value: Any, limit: int) -> str:
 def _no_fence(text: str) -> str:
     """Keep untrusted text from closing our ``` code block early."""
     return text.replace("```", "``\u200b`")
+
+
+# What lets a value restyle itself in mrkdwn: bold, italics, strike-through, code, a line of
+# its own (a forged field) or a block quote (`>`, escaped, at its start).
+_MARKUP = re.compile(r"[*_~`\n]|^\s*&gt;")
+
+
+def _inert(escaped: str) -> str:
+    """An escaped value as it is, or as a code block when it holds markup: Slack formats
+    nothing inside one, so the value reads as written and cannot pass for the card's own."""
+    if not _MARKUP.search(escaped):
+        return escaped
+    return f"```\n{_no_fence(escaped)}\n```"
 
 
 def mention(user_id: str | None) -> str:
@@ -248,6 +284,10 @@ def warnings(key: str, value: Any) -> list[str]:
         found.append("⚠️ _contains hidden characters (shown as \\u…)_")
     if any(mixes_scripts(t) for t in texts):
         found.append("⚠️ _mixes alphabets in one word (look-alike letters)_")
+    elif any(looks_latin(t) for t in texts):
+        found.append(
+            "⚠️ _a word in another alphabet's letters that look Latin (look-alike letters)_"
+        )
     return found
 
 
@@ -279,6 +319,7 @@ def _input_fields(
     for key, value in shown:
         k, k_cut = _fit(str(key), KEY_MAX)
         v, v_cut = _fit(_show(value, VALUE_MAX), VALUE_MAX)
+        v = _inert(v)
         shortened = shortened or k_cut or v_cut
         if v_cut:
             whole = len(value) if isinstance(value, str) else len(_json_head(value, 10**6))
@@ -286,7 +327,8 @@ def _input_fields(
         notes = "".join(
             f"\n{w}" for w in (*warnings(str(key), value), *origin_notes(str(key), sources))
         )
-        fields.append(_mrkdwn(f"*{k}*\n{v or ' '}{notes}"))
+        label = _inert(k) if _MARKUP.search(k) else f"*{k}*"
+        fields.append(_mrkdwn(f"{label}\n{v or ' '}{notes}"))
     if len(shown) < len(items):
         fields.append(_mrkdwn(f"_…and {len(items) - len(shown)} more keys_"))
     return fields, shortened
@@ -574,12 +616,14 @@ def _button(label: str, action_id: str, value: str, style: str | None = None) ->
 
 
 def _summary(data: Mapping[str, Any], limit: int = 120) -> str:
-    """A one-line taste of the input for the requester, e.g. `to: bob, amount: 12`."""
+    """A one-line taste of the input for the requester, e.g. `to: bob, amount: 12`; as
+    inline code when it holds markup (with `'` for a backtick), so no value restyles it."""
     parts = []
     for key, value in list(data.items())[:5]:
         v = " ".join(_show(value, 40).split())
-        parts.append(f"{key}: {v if len(v) <= 40 else v[:39] + ELLIPSIS}")
-    return _fit(", ".join(parts) + (", …" if len(data) > 5 else ""), limit)[0]
+        parts.append(f"{' '.join(str(key).split())}: {v if len(v) <= 40 else v[:39] + ELLIPSIS}")
+    taste = _fit(", ".join(parts) + (", …" if len(data) > 5 else ""), limit)[0]
+    return "`" + taste.replace("`", "'") + "`" if _MARKUP.search(taste) else taste
 
 
 def requester_note(
