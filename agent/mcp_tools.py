@@ -313,7 +313,8 @@ class McpTools:
                     link.dropped.set()  # its task reconnects; this call is not resent
                 if exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
                     return _unknown(link.name, name)
-                log.info("MCP server %s answered %s with an error: %s", link.name, name, exc)
+                # Its message may quote the call's input: the model gets it, the log does not.
+                log.info("MCP server %s answered %s with error %s", link.name, name, exc.code)
                 return {"ok": False, "error": f"{name} failed: {exc.message[:500]}"}
             except Exception as exc:  # a broken transport: the outcome is unknown
                 log.warning("MCP call of %s: no answer (%s)", name, _reason(exc))

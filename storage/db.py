@@ -26,6 +26,9 @@ PING_AFTER_IDLE_SECONDS = 2.0
 def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """Create the engine; SQLite gets WAL and a busy timeout so concurrent writers wait,
     PostgreSQL a cheap liveness check per checkout (see `_check_alive`)."""
+    # Bound parameters are people's words, tool inputs and answers: never in an error's text
+    # (which reaches the log).
+    kwargs.setdefault("hide_parameters", True)
     if url.startswith("sqlite"):
         engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
 
