@@ -130,15 +130,21 @@ def escape(text: str) -> str:
     return reveal(text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
 
 
-# A URL or something Slack would link as one: scheme://…, www.…, or a domain with a path.
-_LINKISH = re.compile(r"\S*(?:://|www\.)\S*|[\w-]+(?:\.[\w-]+)+/\S*")
+# A URL or something Slack would link as one: scheme://…, www.…, a domain with a path, or
+# a bare domain (`evil.example`: a name ending in two letters or more).
+_LINKISH = re.compile(
+    r"\S*(?:://|www\.)\S*|[\w-]+(?:\.[\w-]+)+/\S*|[\w-]+(?:\.[\w-]+)*\.[A-Za-z]{2,}(?![\w-])"
+)
+# A markdown link, `[text](target)`: shown as its text and its target, the target inert.
+MARKDOWN_LINK = re.compile(r"\[([^\]\n]*)\]\(([^)\s]*)\)")
 
 
 def inert_links(escaped: str) -> str:
     """Streamed markdown has no `verbatim` and no unfurl switch: a URL the model writes
-    (perhaps injected, for Slack's unfurler to fetch with data in its query) goes out as
-    code, which Slack neither links nor unfurls."""
-    return _LINKISH.sub(lambda m: "`" + m.group(0).replace("`", "'") + "`", escaped)
+    (perhaps injected, for Slack's unfurler to fetch with data in its query), a bare domain
+    or a markdown link's target goes out as code, which Slack neither links nor unfurls."""
+    unlinked = MARKDOWN_LINK.sub(lambda m: f"{m.group(1)} ({m.group(2)})", escaped)
+    return _LINKISH.sub(lambda m: "`" + m.group(0).replace("`", "'") + "`", unlinked)
 
 
 def _clip(escaped: str, limit: int) -> str:
