@@ -341,7 +341,7 @@ def approval_middleware(
                     raise Interrupt({"asks": asked(args, metadata), "why": why}) from None
             if (problem := invalid_input(params)) is not None:
                 # An approver never sees (and never approves) a call that cannot run.
-                log.info("invalid input for %s; no approval asked: %s", tool, problem)
+                log.info("invalid input for %s; no approval asked", tool)  # no values logged
                 return MultipartToolResponse(output={"ok": False, "error": problem})
             if ref:
                 context = context or call_context(scope.conversation, ref, args)
@@ -380,9 +380,21 @@ def invalid_input(params: ToolHookParams) -> str | None:
 
 def input_errors(tool: Action, value: Any) -> dict[str, str]:
     """What is wrong with `value` as the tool's input, by its own schema, by field ("input"
-    for the whole); {} when it is valid or the tool declares no schema."""
+    for the whole); {} when it is valid or the tool declares no schema. A tool with a JSON
+    schema and no Python type (an MCP server's `inputSchema`) is checked against the schema."""
     if tool.input_type is None:
-        return {}
+        schema = tool.input_schema
+        if not isinstance(schema, dict) or not schema:
+            return {}
+        import jsonschema  # only tools with a bare JSON schema (MCP) need it
+
+        found: dict[str, str] = {}
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        for error in validator.iter_errors(value):
+            found.setdefault(
+                ".".join(str(p) for p in error.absolute_path) or "input", error.message
+            )
+        return found
     try:
         tool.input_type.validate_python(value)
     except ValidationError as exc:
