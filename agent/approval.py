@@ -155,17 +155,29 @@ def jsonable(value: Any) -> Any:
 
 
 def stamp_refs(response: ModelResponse, new_id: Callable[[], str]) -> None:
-    """Give every tool request a ref unique within its message (Genkit matches on name+ref)."""
+    """Give every tool request a ref of ours (Genkit matches on name+ref), whatever the
+    model sent: one it chose could repeat an earlier call's and borrow its context or its
+    approval. NUL characters go from the calls' input: PostgreSQL cannot store them, and
+    what the approver sees, what is stored and what runs must be the same."""
     if response.message is None:
         return
-    seen: set[str] = set()
     for part in response.message.content:
         request = part.tool_request
         if request is None:
             continue
-        if request.ref is None or request.ref in seen:
-            request.ref = new_id()
-        seen.add(request.ref)
+        request.ref = new_id()
+        request.input = without_nul(request.input)
+
+
+def without_nul(value: Any) -> Any:
+    """`value` with every NUL character taken out of its strings (keys included)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_nul(v) for v in value]
+    return value
 
 
 Outside = Callable[[], AbstractAsyncContextManager[None]]

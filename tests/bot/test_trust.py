@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agent.workflow import CardState, Expired, Reply
+from agent.workflow import CardState, Denied, Expired, Reply
 from bot.clicks import CLICKS
 from bot.server import Service
 from bot.settings import ConfigError
@@ -411,3 +411,32 @@ async def test_a_hidden_character_in_an_argument_is_shown_and_flagged_on_the_car
     sent = json.dumps(asked.card.args, ensure_ascii=False)
     assert "\u202e" not in sent
     assert "1234\\\\u202e98765" in sent and "contains hidden characters" in sent
+
+
+async def test_nul_characters_are_stripped_and_call_refs_are_greenlights_own(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """PostgreSQL cannot store NUL in text: a call's input and a deny reason holding one are
+    stored (and shown, and run) without it. The model's own call id is replaced by ours."""
+    asked = await ask(
+        client, fake_slack, gemini, team, args={"amount": 5, "toAccount": "12\x00345"}
+    )
+    assert service.deps is not None
+    stored = await service.deps.workflow.approval(team, asked.approval_id)
+    assert stored is not None and stored.request.input == {"amount": 5, "toAccount": "12345"}
+    assert stored.request.ref and stored.request.ref != "call-1"
+    assert "\\u0000" not in json.dumps(asked.card.args["blocks"])  # nothing hidden to flag
+
+    status, _ = await client.click(team, BOSS, "deny", asked.card)
+    assert status == 200
+    (opened,) = await fake_slack.wait_for("views.open")
+    gemini.script(text("Denied."))
+    reason = {"reason": {"reason": {"type": "plain_text_input", "value": "no\x00pe"}}}
+    status, _ = await client.submit(team, BOSS, opened.args["view"], reason)
+    assert status == 200
+    await fake_slack.wait_for("chat.update", predicate=decided_card("Denied by"))
+    await settle(service)
+    denied = await service.deps.workflow.approval(team, asked.approval_id)
+    assert denied is not None and isinstance(denied.decision, Denied)
+    assert denied.decision.reason == "nope"
+    assert ledger_tools.entries() == []
