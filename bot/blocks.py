@@ -365,9 +365,18 @@ def _quote(said: Said) -> str:
     return "\n".join(f"&gt; {line}" for line in lines)
 
 
-def request_sections(r: Request) -> list[Block]:
+UNQUOTED = (
+    "_The conversation is not quoted here: this channel is public. "
+    "Show conversation has it, for those who may decide._"
+)
+
+
+def request_sections(r: Request, quotes: bool = True) -> list[Block]:
     """What led to the call: the message that started the conversation, the last human
-    message before the call, and the agent's words just before it, each labelled."""
+    message before the call, and the agent's words just before it, each labelled; in a
+    public channel (`quotes` False), only a note that they are left out."""
+    if not quotes:
+        return [_context(UNQUOTED)]
     c = r.context
     said = [
         (c.first, f"*{mention(c.first.by if c.first else None)} asked:*"),
@@ -453,6 +462,7 @@ def approval_card(
     now: datetime,
     editable: bool = True,
     note: str = "",
+    quotes: bool = True,
 ) -> Message:
     """The approvers' card: what, who, why, until when; buttons only while still pending.
 
@@ -475,7 +485,7 @@ def approval_card(
     ]
     if note:
         blocks.append(_context(escape(note)))
-    blocks += request_sections(r)
+    blocks += request_sections(r, quotes)
     fields, shortened = _input_fields(r.input, r.context.sources)
     blocks.append({"type": "section", "fields": fields} if fields else _section("_No input._"))
     if shortened:
@@ -526,7 +536,7 @@ def _said(answer: Any) -> Said:
 
 
 def question_card(
-    a: Approval, *, description: str, thread_link: str | None, now: datetime
+    a: Approval, *, description: str, thread_link: str | None, now: datetime, quotes: bool = True
 ) -> Message:
     """A question the agent asks (askHuman, or an interrupt a tool defines): what it asks,
     of whom, why; an Answer button while it waits. A question to the requester is posted in
@@ -546,7 +556,7 @@ def question_card(
         if link := _link(thread_link, "View the conversation"):
             who += f"  ·  {link}"
         blocks.append(_section(who + (f"\n{_fit(description, 2000)[0]}" if description else "")))
-        blocks += request_sections(r)
+        blocks += request_sections(r, quotes)
     if question is not None:
         blocks.append(_section(_quote(_said(question))))
     else:  # a tool's own interrupt: what it says, and its input

@@ -164,6 +164,28 @@ async def test_a_route_to_a_public_channel_is_refused_until_approvers_are_named(
     assert "approvers: <@UCFO>" in listing
 
 
+async def test_a_card_in_a_public_channel_quotes_nothing_of_the_conversation(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """A route to a public channel is allowed once approvers are named; anyone can read
+    that channel, so its card carries no quotes of the conversation."""
+    assert (await client.command(team, ADMIN, "approvers transferMoney <@UCFO>"))[1].startswith(
+        "Done."
+    )
+    assert (await client.command(team, ADMIN, "route transferMoney C0PUBLIC"))[1].startswith(
+        "Done."
+    )
+    gemini.script(function_call("transferMoney", TRANSFER, id="call-1"))
+    status, _ = await client.dm(team, "UEMP", "secret plan: send 500 to 12345", ts=new_ts())
+    assert status == 200
+    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=in_channel("C0PUBLIC"))
+    shown = json.dumps(card.args["blocks"], ensure_ascii=False)
+    assert "secret plan" not in shown and "asked:" not in shown
+    assert "not quoted here: this channel is public" in shown
+    assert "12345" in shown  # the call itself is shown in full
+    await settle(service)
+
+
 async def test_a_click_in_an_approver_channel_made_public_is_refused(
     client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
 ) -> None:
