@@ -795,6 +795,11 @@ def refusal_text(reason: str, a: Approval | None) -> str:
             "You took part in the conversation that led to this request, so someone else "
             "has to approve it."
         )
+    if reason == "outsider":
+        return (
+            "Guests and people of other organisations cannot approve requests here; ask "
+            "one of the workspace's approvers."
+        )
     tool = _code(a.request.tool) if a else "this tool"
     if reason == "not_an_approver":
         return f"You're not one of the approvers for {tool}. Ask someone on its approver list."

@@ -462,3 +462,30 @@ async def test_nul_characters_are_stripped_and_call_refs_are_greenlights_own(
     assert denied is not None and isinstance(denied.decision, Denied)
     assert denied.decision.reason == "nope"
     assert ledger_tools.entries() == []
+
+
+@pytest.mark.parametrize(
+    "who",
+    [{"is_restricted": True}, {"is_ultra_restricted": True}, {"team_id": "T0OTHERORG"}],
+    ids=["guest", "single-channel guest", "another organisation"],
+)
+async def test_guests_and_people_of_other_organisations_cannot_approve_or_administer(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    who: dict[str, Any],
+) -> None:
+    """Even in the approver channel, and even as a workspace admin by Slack's flags."""
+    fake_slack.users["UGUEST"] = {"is_admin": True, **who}
+    asked = await ask(client, fake_slack, gemini, team)
+    assert (await client.click(team, "UGUEST", "approve", asked.card))[0] == 200
+    (ephemeral,) = await fake_slack.wait_for("chat.postEphemeral")
+    assert "Guests and people of other organisations" in text_of(ephemeral)
+    _, answer = await client.command(team, "UGUEST", "allow transferMoney")
+    assert answer.startswith("Only workspace admins")
+    await settle(service)
+    assert service.deps is not None
+    still = await service.deps.workflow.approval(team, asked.approval_id)
+    assert still is not None and still.decision is None and ledger_tools.entries() == []
