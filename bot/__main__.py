@@ -1,5 +1,6 @@
 """`python -m bot` (or `greenlight`) serves Slack; `python -m bot demo` runs the offline demo;
-`greenlight audit export …` writes the audit trail to stdout."""
+`greenlight audit export …` writes the audit trail to stdout; `greenlight policy check|test`
+checks and tests a POLICY_FILE offline."""
 
 from __future__ import annotations
 
@@ -31,8 +32,15 @@ def main(argv: list[str] | None = None) -> int:
         from bot.audit_export import main as audit_main
 
         return audit_main(args[1:])
+    if args[:1] == ["policy"]:
+        from bot.policy_cli import main as policy_main
+
+        return policy_main(args[1:])
     if args and args[0] not in {"serve"}:
-        print("usage: greenlight [serve|demo|audit export --since DATE]", file=sys.stderr)
+        print(
+            "usage: greenlight [serve|demo|audit export --since DATE|policy check|policy test]",
+            file=sys.stderr,
+        )
         return 2
     settings = settings_or_exit()
     from bot.server import serve

@@ -12,13 +12,13 @@ import signal
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import SecretStr
-from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
@@ -30,9 +30,9 @@ from agent.approval import ToolTimeouts
 from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.files import FileTools
 from agent.limits import MessageLimits
-from agent.mcp_tools import McpServers, McpTools
+from agent.mcp_config import McpServers
 from agent.models import Credentials, ModelPluginError, Resilience
-from agent.policy import PolicyDefaults
+from agent.policy import policy_defaults
 from agent.policy_file import PolicyFile
 from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig, ToolModuleError
 from agent.workflow import Workflow
@@ -48,11 +48,14 @@ from bot.metrics import Metrics
 from bot.people import People
 from bot.settings import ConfigError, Settings
 from storage.db import make_engine, make_session_factory
-from storage.migrate import upgrade
+
+if TYPE_CHECKING:
+    from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
+
+    from agent.mcp_tools import McpTools
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_GRACE = 25.0  # seconds for in-flight work before it is cut off
 FOLLOW_UP_INTERVAL = 5.0  # seconds between looks for due reminders and escalations
 SLACK_PATH = "/slack/events"
 HEALTH_TIMEOUT = 2.0  # seconds /healthz waits for the database before it answers 503
@@ -139,7 +142,7 @@ def read_policy_file(path: Path | None) -> PolicyFile | None:
     try:
         return policy_files.load(path)
     except policy_files.PolicyFileError as exc:
-        raise ConfigError([f"POLICY_FILE {exc}"]) from None
+        raise ConfigError([f"POLICY_FILE {p}" for p in exc.problems]) from None
 
 
 class Service:
@@ -182,6 +185,8 @@ class Service:
     async def start(self) -> None:
         s = self.settings
         if s.MIGRATE_ON_START:
+            from storage.migrate import upgrade  # Alembic: only when it runs
+
             await upgrade(self._engine)
         policy_file = read_policy_file(s.POLICY_FILE)
         servers = mcp_servers(s, policy_file)
@@ -231,9 +236,12 @@ class Service:
             api_url=s.SLACK_API_URL,
             slack_errors=self.metrics.slack_api_error,
         )
-        self.mcp = McpTools(servers, workflow.runtime)
-        self.mcp.on_added = functools.partial(self._mcp_tools_added, workflow, policy_file)
-        await self.mcp.start()
+        if servers:
+            from agent.mcp_tools import McpTools  # the MCP SDK: only when a server is set
+
+            self.mcp = McpTools(servers, workflow.runtime)
+            self.mcp.on_added = functools.partial(self._mcp_tools_added, workflow, policy_file)
+            await self.mcp.start()
         await self._prepare_policy(app.client, workflow, policy_file)
         # Socket Mode gets no Slack route: unsigned HTTP requests must never reach Bolt.
         web_app = web.Application() if s.socket_mode else app.web_app(path=SLACK_PATH)
@@ -247,6 +255,8 @@ class Service:
         await site.start()
         self.port = self._runner.addresses[0][1]
         if s.SLACK_APP_TOKEN is not None:
+            from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
+
             self._socket = AsyncSocketModeHandler(app, s.SLACK_APP_TOKEN.get_secret_value())
             await self._socket.connect_async()  # type: ignore[no-untyped-call]
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="recovery sweep")
@@ -283,11 +293,10 @@ class Service:
                 fallbacks=tuple(s.AGENT_FALLBACK_MODELS),
             ),
         )
-        file_defaults = policy_file.defaults if policy_file else policy_files.Defaults()
-        defaults = PolicyDefaults(
+        defaults = policy_defaults(
+            policy_file,
             channel=s.APPROVER_CHANNEL,
-            timeout=file_defaults.timeout or timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS),
-            approvals=file_defaults.approvals or 1,
+            timeout=timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS),
         )
         try:
             workflow = build_workflow(
@@ -315,7 +324,7 @@ class Service:
         except (ToolModuleError, ModelPluginError) as exc:
             raise ConfigError([str(exc)]) from None
         except policy_files.PolicyFileError as exc:
-            raise ConfigError([f"POLICY_FILE {exc}"]) from None
+            raise ConfigError([f"POLICY_FILE {p}" for p in exc.problems]) from None
         return workflow
 
     async def _prepare_policy(
@@ -360,7 +369,7 @@ class Service:
             await self._runner.cleanup()
         if self.deps is not None:
             self.deps.home.close()
-            cut = await self.deps.background.drain(SHUTDOWN_GRACE)
+            cut = await self.deps.background.drain(self.settings.SHUTDOWN_GRACE_SECONDS)
             if cut:
                 log.warning(
                     "shutdown cut off %d turns: resumes were handed back for the next "

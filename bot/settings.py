@@ -14,11 +14,12 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from agent.mcp_tools import McpServers, parse_servers
+from agent.mcp_config import McpServers, parse_servers
 from agent.models import missing_plugins, provider, unknown_model
 from bot.assistant import Prompt
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./greenlight.db"
+SHUTDOWN_GRACE = 25.0  # seconds in-flight work gets at SIGTERM before it is cut off
 DEFAULT_MODEL = "googleai/gemini-flash-latest"
 DEFAULT_TOOLS = "agent.example_tools"
 
@@ -66,7 +67,7 @@ class Settings(BaseSettings):
     AGENT_ASK_HUMAN: bool = True  # the built-in askHuman: the agent may ask a person
     AGENT_FILES_ROOT: Path | None = None  # file tools (genkit-middleware Filesystem) under it
     AGENT_ARTIFACTS: bool = False  # artifact tools (genkit-middleware Artifacts)
-    # MCP servers whose tools the agent gets (agent/mcp_tools.py): JSON, name -> config.
+    # MCP servers whose tools the agent gets (agent/mcp_config.py): JSON, name -> config.
     MCP_SERVERS: Annotated[McpServers, NoDecode] = Field(default_factory=dict)
 
     APPROVER_CHANNEL: str | None = None
@@ -76,6 +77,7 @@ class Settings(BaseSettings):
     RECOVERY_INTERVAL_SECONDS: float = Field(default=5.0, gt=0)
     RESUME_LEASE_SECONDS: float = Field(default=15.0, gt=0)
     TOOL_TIMEOUT_SECONDS: float = Field(default=15 * 60.0, gt=0)  # an approved call's run
+    SHUTDOWN_GRACE_SECONDS: float = Field(default=SHUTDOWN_GRACE, ge=0, le=3600)
     MAX_CONCURRENT_TURNS: int = Field(default=8, ge=1, le=4096)
     RETENTION_DAYS: int = Field(default=90, ge=1, le=36500)
     AUDIT_RETENTION_DAYS: int = Field(default=400, ge=1, le=36500)

@@ -1,5 +1,8 @@
 """Test database: a fresh PostgreSQL database per run, migrated once, dropped at the end.
 
+Under pytest-xdist each worker is a run of its own (its own process, so its own name below):
+created, migrated and dropped by the worker; the controller, which runs no tests, makes none.
+
 Tests stay independent without rollbacks by working under their own Slack team id (the
 `team` fixture): every table is keyed by team, so no test sees another's rows.
 """
@@ -40,9 +43,15 @@ async def _admin(sql: str) -> None:
         await conn.close()
 
 
+def _xdist_controller(session: pytest.Session) -> bool:
+    config = session.config
+    return getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
+    controller = _xdist_controller(session)  # only checks the server, for one clear message
     try:
-        asyncio.run(_admin(f'CREATE DATABASE "{_RUN_DB}"'))
+        asyncio.run(_admin("SELECT 1" if controller else f'CREATE DATABASE "{_RUN_DB}"'))
     except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
         pytest.exit(
             f"The tests need PostgreSQL and could not reach it at {make_url(ADMIN_URL)!r} "
@@ -52,6 +61,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             "tests may create databases from.",
             returncode=3,
         )
+    if controller:
+        return
     os.environ["GREENLIGHT_TEST_PG_URL"] = pg_test_url()
 
     async def migrate() -> None:
@@ -63,6 +74,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _xdist_controller(session):
+        return
     with contextlib.suppress(OSError, asyncpg.PostgresError, TimeoutError):
         asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{_RUN_DB}" WITH (FORCE)'))
 

@@ -21,15 +21,8 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import TypeAdapter, ValidationError
 
 from agent import mcp_tools, policy_file
-from agent.mcp_tools import (
-    TOOLS_MAX,
-    Backoff,
-    McpServer,
-    McpServers,
-    McpTools,
-    hint,
-    result_output,
-)
+from agent.mcp_config import McpServer, McpServers
+from agent.mcp_tools import TOOLS_MAX, Backoff, McpTools, hint, result_output
 from agent.runtime import AgentConfig, AgentRuntime, build_runtime
 from bot.server import mcp_servers
 from bot.settings import ConfigError, Settings, load_settings
@@ -300,18 +293,16 @@ async def test_a_server_that_is_down_is_retried_and_its_tools_join_later(
     assert "do-not-log-me" not in caplog.text
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_an_http_server_started_later_joins_and_gets_its_headers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("TICKETS_LOG", str(tmp_path / "tickets.jsonl"))
     caplog.set_level(logging.DEBUG)
-    port = free_port()
+    # The port is held from here on (bound, not listening: connecting is refused until the
+    # server starts on this very socket), so no test running in parallel can take it.
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    port = int(held.getsockname()[1])
     app = mcp_tickets.server.streamable_http_app()
     seen: list[bytes] = []
 
@@ -329,7 +320,7 @@ async def test_an_http_server_started_later_joins_and_gets_its_headers(
     server = uvicorn.Server(
         uvicorn.Config(recording, host="127.0.0.1", port=port, log_level="warning")
     )
-    serving = asyncio.create_task(server.serve())
+    serving = asyncio.create_task(server.serve(sockets=[held]))
     try:
         await asyncio.wait_for(mcp.wait_up("crm"), timeout=30)
         assert runtime.notes["crm.list_tickets"] == "MCP tool of crm · read-only"
@@ -340,4 +331,5 @@ async def test_an_http_server_started_later_joins_and_gets_its_headers(
         await mcp.stop()
         server.should_exit = True
         await serving
+        held.close()
     assert "MCP server crm: not reachable" in caplog.text and "t0ken" not in caplog.text
