@@ -9,6 +9,7 @@ import sys
 
 from bot.logs import setup_logging
 from bot.settings import ConfigError, Settings, load_settings
+from storage.embedded import EmbeddedError
 
 
 def settings_or_exit() -> Settings:
@@ -27,7 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["demo"]:
         from bot.demo import run_demo
 
-        return asyncio.run(run_demo())
+        try:
+            return asyncio.run(run_demo())
+        except EmbeddedError as exc:
+            print(f"The demo cannot start: {exc}", file=sys.stderr)
+            return 1
     if args[:1] == ["audit"]:
         from bot.audit_export import main as audit_main
 
@@ -50,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # found at start: what Slack says about the approver channel
         print(exc.render(), file=sys.stderr)
         return 2
+    except EmbeddedError as exc:
+        print(f"Greenlight cannot start: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -47,6 +47,7 @@ from bot.listeners.commands import policy_summary
 from bot.metrics import Metrics
 from bot.people import People
 from bot.settings import ConfigError, Settings
+from storage import embedded
 from storage.db import make_engine, make_session_factory
 
 if TYPE_CHECKING:
@@ -165,6 +166,8 @@ class Service:
         self.port: int | None = None
         # Connections kept open: past them, each burst opens (and the pool later closes)
         # one per extra request, which costs both sides far more than the statements.
+        if settings.DATABASE_URL is None:
+            raise ConfigError(["DATABASE_URL is not set (serve() starts the embedded server)"])
         self._engine = make_engine(settings.DATABASE_URL, pool_size=settings.DATABASE_POOL_SIZE)
         # /healthz has a connection of its own, outside the pool: a pool that busy work
         # exhausted would make it wait (30 s) for one, not tell whether the database answers.
@@ -443,16 +446,17 @@ def freeze_heap() -> None:
 
 
 async def serve(settings: Settings, *, host: str = "0.0.0.0") -> None:  # noqa: S104
-    """Run until SIGTERM or SIGINT."""
-    service = Service(settings, host=host)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await service.start()
-        freeze_heap()
-        await stop.wait()
-        log.info("shutting down")
-    finally:
-        await service.stop()
+    """Run until SIGTERM or SIGINT; with DATABASE_URL unset, on the embedded PostgreSQL."""
+    with embedded.unless_given(settings.DATABASE_URL) as url:
+        service = Service(settings.model_copy(update={"DATABASE_URL": url}), host=host)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await service.start()
+            freeze_heap()
+            await stop.wait()
+            log.info("shutting down")
+        finally:
+            await service.stop()

@@ -6,7 +6,7 @@ Every row carries the Slack team id so one database can serve several workspaces
 from __future__ import annotations
 
 import enum
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -26,7 +26,7 @@ from storage.lifecycle import (
 
 
 class UTCDateTime(TypeDecorator[datetime]):
-    """Timezone-aware timestamps on every backend (SQLite forgets the zone otherwise)."""
+    """Timezone-aware timestamps only: a naive one would be read as the server's local time."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
@@ -34,11 +34,6 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is not None and value.tzinfo is None:
             raise ValueError("naive datetime: pass an aware UTC timestamp")
-        return value
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
         return value
 
 
@@ -256,16 +251,6 @@ class AuditRow(Base):
         Index("ix_audit_team_at", "team_id", "at"),
         Index("ix_audit_at", "at", "id"),  # retention and `greenlight audit export`
     )
-
-
-class AuditPurgeRow(Base):
-    """SQLite only: while a row here says `before`, the audit trigger lets rows older than
-    that be deleted. Written and removed inside the retention job's one transaction, so no
-    other connection ever sees it (PostgreSQL uses greenlight_purge_audit instead)."""
-
-    __tablename__ = "audit_purges"
-
-    before: Mapped[datetime] = mapped_column(primary_key=True)
 
 
 class SeenEventRow(Base):

@@ -316,13 +316,14 @@ async def bot_process(
     name: str,
     fake_slack: FakeSlack,
     gemini: FakeGemini,
-    database: str,
+    database: str | None,
     tmp: Path,
+    cwd: Path | str = REPO,  # str: so that **settings (str values) type-checks
     **settings: str,
 ) -> AsyncIterator[BotProcess]:
-    """`settings`: more environment variables (LOG_FORMAT="json", say). It listens on a port
-    of its own choosing (PORT=0): one picked here could be taken by then, tests running in
-    parallel."""
+    """`settings`: more environment variables (LOG_FORMAT="json", say); `database` None: unset
+    (the embedded default, in `cwd`). It listens on a port of its own choosing (PORT=0): one
+    picked here could be taken by then, tests running in parallel."""
     env = dict(os.environ)
     env.pop("GENKIT_ENV", None)  # no Genkit reflection server in the bot
     for name in ("RESUME_LEASE_SECONDS", "RECOVERY_INTERVAL_SECONDS", "TOOL_TIMEOUT_SECONDS"):
@@ -333,7 +334,7 @@ async def bot_process(
         SLACK_API_URL=fake_slack.base_url,
         GEMINI_API_KEY="k",
         GEMINI_API_URL=gemini.base_url,
-        DATABASE_URL=database,
+        DATABASE_URL=database or "",
         PORT="0",
         AGENT_TOOLS="tests.ledger_tools",
         APPROVER_CHANNEL=APPROVERS,
@@ -351,7 +352,7 @@ async def bot_process(
             stdout=out,
             stderr=asyncio.subprocess.STDOUT,
             env=env,
-            cwd=str(REPO),
+            cwd=str(cwd),
         )
     bot = BotProcess(proc, log)
     try:

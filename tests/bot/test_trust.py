@@ -31,7 +31,7 @@ from tests.bot.conftest import (
     settle,
 )
 from tests.bot.test_e2e import BOSS, TRANSFER, ask, decided_card, reply_in_thread, said, text_of
-from tests.conftest import poll
+from tests.conftest import pg_test_url, poll
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, function_call, text
 from tests.fakes.slack_api import BOT_USER_ID, FakeSlack
@@ -130,7 +130,7 @@ async def test_the_cli_exits_2_naming_a_public_approver_channel(
         "SLACK_API_URL": fake_slack.base_url,
         "GEMINI_API_KEY": "k",
         "APPROVER_CHANNEL": "C0PUBLIC",
-        "DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}",
+        "DATABASE_URL": pg_test_url(),
         "PORT": "0",
     }
     proc = await asyncio.create_subprocess_exec(

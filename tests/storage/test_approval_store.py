@@ -1,5 +1,5 @@
-"""ApprovalStore on PostgreSQL and SQLite: each transition takes exactly when the lifecycle
-table allows it, and a refused one writes nothing (no state, no audit row, no side write)."""
+"""ApprovalStore: each transition takes exactly when the lifecycle table allows it, and a
+refused one writes nothing (no state, no audit row, no side write)."""
 
 from __future__ import annotations
 
@@ -161,8 +161,8 @@ class Db:
 
 
 @pytest.fixture
-def db(any_engine: AsyncEngine, team: str) -> Db:
-    sessions = make_session_factory(any_engine)
+def db(pg_engine: AsyncEngine, team: str) -> Db:
+    sessions = make_session_factory(pg_engine)
     return Db(ApprovalStore(sessions), sessions, team)
 
 
