@@ -156,17 +156,29 @@ def jsonable(value: Any) -> Any:
 
 
 def stamp_refs(response: ModelResponse, new_id: Callable[[], str]) -> None:
-    """Give every tool request a ref unique within its message (Genkit matches on name+ref)."""
+    """Give every tool request a ref of ours (Genkit matches on name+ref), whatever the
+    model sent: one it chose could repeat an earlier call's and borrow its context or its
+    approval. NUL characters go from the calls' input: PostgreSQL cannot store them, and
+    what the approver sees, what is stored and what runs must be the same."""
     if response.message is None:
         return
-    seen: set[str] = set()
     for part in response.message.content:
         request = part.tool_request
         if request is None:
             continue
-        if request.ref is None or request.ref in seen:
-            request.ref = new_id()
-        seen.add(request.ref)
+        request.ref = new_id()
+        request.input = without_nul(request.input)
+
+
+def without_nul(value: Any) -> Any:
+    """`value` with every NUL character taken out of its strings (keys included)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_nul(v) for v in value]
+    return value
 
 
 Outside = Callable[[], AbstractAsyncContextManager[None]]
@@ -396,9 +408,22 @@ def coerced(tool: Action, value: Any) -> tuple[Any, dict[str, str]]:
     becomes 250000; keys the schema does not take are dropped), and what is wrong with it
     by field ({}: it is valid). The tool itself gets exactly this, so policy and approvers
     are shown it. Wherever the schema leaves a value as it was, the value is kept as given
-    (an integer 500 stays 500, not 500.0). A tool without a schema takes `value` as it is."""
+    (an integer 500 stays 500, not 500.0). A tool with a JSON schema and no Python type (an
+    MCP server's `inputSchema`) is checked against the schema and takes `value` as it is; a
+    tool without a schema takes it unchecked."""
     if tool.input_type is None:
-        return value, {}
+        schema = tool.input_schema
+        if not isinstance(schema, dict) or not schema:
+            return value, {}
+        import jsonschema  # only tools with a bare JSON schema (MCP) need it
+
+        found: dict[str, str] = {}
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        for error in validator.iter_errors(value):
+            found.setdefault(
+                ".".join(str(p) for p in error.absolute_path) or "input", error.message
+            )
+        return value, found
     try:
         valid = tool.input_type.validate_python(value)
     except ValidationError as exc:

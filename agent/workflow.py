@@ -330,7 +330,7 @@ class Workflow:
             return Failed(thread)
         scope = TurnScope(thread.team_id, requester, participants=held.participants)
         message = human_message(text, by=requester, at=now, viewing=viewing)
-        heartbeat = asyncio.create_task(self._keep_thread(held.conversation_id))
+        heartbeat = asyncio.create_task(self._keep_thread(held.conversation_id, now + self._lease))
         try:
             out = await self._run(
                 scope,
@@ -378,7 +378,15 @@ class Workflow:
             participants=asked.participants,
             approvals={a.id: a for a in claim.approvals},
         )
-        heartbeat = asyncio.create_task(self._keep_lease(claim))
+        resume = asyncio.current_task()
+        lost = asyncio.Event()
+
+        def stop() -> None:  # the lease is lost: whatever this resume still does is no one's
+            lost.set()
+            if resume is not None:
+                resume.cancel()
+
+        heartbeat = asyncio.create_task(self._keep_lease(claim, now + self._lease, stop))
         try:
             approvals = await self._run_edited(claim)
             respond, restart = resume_parts(approvals, self._forms)
@@ -391,6 +399,9 @@ class Workflow:
         except asyncio.CancelledError:
             heartbeat.cancel()
             await self._let_go(claim)
+            if lost.is_set() and resume is not None and resume.uncancel() == 0:
+                log.error("turn %s lost its lease; its resume stopped", turn_id)
+                return None
             raise
         except Exception:
             log.exception(
@@ -1044,9 +1055,10 @@ class Workflow:
                 log.warning("could not free conversation %s", conversation_id, exc_info=True)
         log.error("conversation %s stays held until its hold runs out", conversation_id)
 
-    async def _keep_lease(self, claim: Claim) -> None:
-        """Renew the lease while the resume runs (a tool that runs for long included); stop
-        only once another process has the turn."""
+    async def _keep_lease(self, claim: Claim, until: datetime, stop: Callable[[], None]) -> None:
+        """Renew the lease while the resume runs (a tool that runs for long included); once
+        it is lost (another process has the turn, or it ran out unrenewed), `stop` the
+        resume: another process may already run it."""
 
         async def renew(until: datetime) -> bool:
             try:
@@ -1056,33 +1068,43 @@ class Workflow:
                 return False
             return True
 
-        await self._heartbeat(renew, f"the lease of turn {claim.turn_id}")
+        await self._heartbeat(renew, f"the lease of turn {claim.turn_id}", until)
+        stop()
 
-    async def _keep_thread(self, conversation_id: str) -> None:
+    async def _keep_thread(self, conversation_id: str, until: datetime) -> None:
         """Hold the thread while a new message's turn runs; a process that dies leaves it
         held one lease at most."""
 
         async def keep(until: datetime) -> bool:
             return await self._store.keep_thread(conversation_id, until=until)
 
-        await self._heartbeat(keep, f"the thread of conversation {conversation_id}")
+        await self._heartbeat(keep, f"the thread of conversation {conversation_id}", until)
 
-    async def _heartbeat(self, renew: Callable[[datetime], Awaitable[bool]], what: str) -> None:
-        """Renew every third of the lease until `renew` says it is lost (False). A failed
-        renewal (the database dropped the connection, or refused it for a moment) is retried
-        soon: the last one renewed still has two thirds of its time to run."""
+    async def _heartbeat(
+        self, renew: Callable[[datetime], Awaitable[bool]], what: str, until: datetime
+    ) -> None:
+        """Renew every third of the lease until it is lost: `renew` says so (False), or it
+        ran out (`until`) before a renewal went through. A renewal that fails (the database
+        dropped the connection) or hangs (a lock, a stalled connection) past a third of the
+        lease is retried soon: the last one renewed still has time to run."""
         every = self._lease.total_seconds() / 3
         wait = every
         while True:
             await asyncio.sleep(wait)
+            left = (until - self._clock()).total_seconds()
+            if left <= 0:
+                log.error("%s ran out before it could be renewed", what)
+                return
+            renewed = self._clock() + self._lease
             try:
-                if not await renew(self._clock() + self._lease):
-                    return
+                async with asyncio.timeout(min(every, left)):
+                    if not await renew(renewed):
+                        return
             except Exception:  # a database hiccup: the lease may still be renewed soon
                 log.warning("could not renew %s", what, exc_info=True)
                 wait = min(RENEW_RETRY.total_seconds(), every)
             else:
-                wait = every
+                until, wait = renewed, every
 
     async def _let_go(self, claim: Claim) -> None:
         """A clean shutdown cut this resume off: hand the turn back (LET_GO), so the next

@@ -226,7 +226,7 @@ class HomeTabs:
         facts = self._people.deciding(client, user, clicked_in=None, home=True)
         inbox = await self._workflow.inbox(team, user, facts, scan=INBOX_SCAN)
         own = await self._workflow.requested_by(team, user, limit=OWN_SCAN)
-        admin = await self._people.is_admin(client, user)
+        admin = await self._people.is_admin(client, user, team)
         policy = await self._summary(self._workflow, team) if admin else None
         cards = [
             (a.id, Thread("", a.card.channel, a.card.ts))

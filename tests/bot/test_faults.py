@@ -418,10 +418,12 @@ async def check_resumed_once(
     """Checked once no process is left that could still act."""
     [entry] = ledger_tools.entries()  # the tool never ran again
     assert entry["key"] == approval_id
-    answered: dict[str, Any] = {"id": "call-1", "name": "transferMoney"}
+    responses = gemini.function_responses()
+    ref = responses[0]["id"]  # Greenlight's own, not the model's "call-1"
+    answered: dict[str, Any] = {"id": ref, "name": "transferMoney"}
     answered["response"] = {"name": "transferMoney", "content": output}
     # The first process's model call and the recovery's both carry the one recorded output.
-    assert gemini.function_responses() == [answered, answered]
+    assert responses == [answered, answered] and ref != "call-1"
     assert len(gemini.generate_requests()) == 3 and gemini.pending == 0
     assert len(thread_posts(fake_slack, ts)) == 2  # the placeholder, exactly one reply
 
