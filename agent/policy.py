@@ -13,14 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
-
-import cel
+from typing import TYPE_CHECKING, Any, Literal
 
 from agent.context import as_provenance
 from agent.policy_file import PolicyFile, compiled
 from storage.lifecycle import Request
 from storage.policies import PolicyStore, StoredPolicy
+
+if TYPE_CHECKING:
+    import cel
 
 POLICY_FILE_ACTOR = "policy-file"  # who the audit trail says changed what the file sets
 
@@ -170,6 +171,8 @@ class Policy:
         argument came from (agent/context.py), for rules that ask."""
         if self.allowed or not self.rules:
             return replace(self, rules=())
+        import cel  # only where rules are set (agent/policy_file.py, `compiled`)
+
         # Converted to CEL once for every rule: a twentieth of the cost of once per rule.
         call = cel.Context(
             {
@@ -221,9 +224,11 @@ class ApproverFacts:
     # The same for the escalation channel, once a request was escalated there.
     in_escalation_channel: bool = False
     public_escalation_channel: bool = False
+    # A guest, or a person of another organisation (Slack Connect): never an approver.
+    outsider: bool = False
 
 
-Refusal = Literal["self_approval", "participant", "not_an_approver", "public_channel"]
+Refusal = Literal["self_approval", "participant", "outsider", "not_an_approver", "public_channel"]
 
 
 def refusal(
@@ -248,6 +253,8 @@ def refusal(
         return "self_approval"
     if approver in participants:
         return "participant"
+    if facts.outsider:
+        return "outsider"
     why = _may_decide(
         approver,
         facts,

@@ -13,13 +13,15 @@ import re
 from collections.abc import Collection, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import cel
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from agent.mcp_tools import McpServers
+from agent.mcp_config import McpServers
+
+if TYPE_CHECKING:
+    import cel
 
 DURATION = re.compile(r"^(\d{1,6})([smhd])$")
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -106,7 +108,10 @@ class PolicyFile(_Strict):
 @functools.lru_cache(maxsize=1024)
 def compiled(expression: str) -> cel.Program:
     """Each rule's expression is compiled once: POLICY_FILE's at start, as they are checked
-    (ValueError if one does not compile)."""
+    (ValueError if one does not compile). The CEL package is imported here, on first use:
+    its `__init__` loads a command-line interface besides (~0.4 s of start-up)."""
+    import cel
+
     return cel.compile(expression)
 
 
@@ -131,6 +136,11 @@ def load(path: Path) -> PolicyFile:
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else "?"
         raise PolicyFileError([f"{path}, line {line}: not valid YAML ({exc.problem})"]) from None
+    if twice := _duplicate_key(root):
+        key, line = twice
+        raise PolicyFileError(
+            [f"{path}, line {line}: {key!r} is given twice (YAML keeps the last)"]
+        )
     try:
         policy = PolicyFile.model_validate(data or {})
     except ValidationError as exc:
@@ -155,6 +165,24 @@ def load(path: Path) -> PolicyFile:
     if problems:
         raise PolicyFileError(problems)
     return policy
+
+
+def _duplicate_key(node: yaml.Node | None) -> tuple[str, int] | None:
+    """The first key a mapping repeats, and its second line: YAML silently keeps the last
+    one, so a second `transferMoney:` would quietly replace the first one's policy."""
+    if isinstance(node, yaml.MappingNode):
+        seen: set[object] = set()
+        for key, value in node.value:
+            if key.value in seen:
+                return str(key.value), key.start_mark.line + 1
+            seen.add(key.value)
+            if found := _duplicate_key(value):
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            if found := _duplicate_key(item):
+                return found
+    return None
 
 
 def tool_timeouts(policy: PolicyFile | None) -> dict[str, timedelta]:

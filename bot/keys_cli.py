@@ -20,6 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from agent.assemble import new_uuid, utc_now
 from agent.keys import ApiKeys, BadName, NameTaken
 from bot.settings import ConfigError, Settings, load_settings
+from storage import embedded
 from storage.db import make_engine, make_session_factory
 
 SLACK_ID = re.compile(r"^[UWT][A-Z0-9]{2,31}$")
@@ -63,9 +64,9 @@ async def _team(args: argparse.Namespace, settings: Settings) -> str:
             await client.session.close()
 
 
-async def run(args: argparse.Namespace, settings: Settings) -> int:
+async def run(args: argparse.Namespace, settings: Settings, url: str) -> int:
     team = await _team(args, settings)
-    engine = make_engine(settings.DATABASE_URL)
+    engine = make_engine(url)
     keys = ApiKeys(make_session_factory(engine), clock=utc_now, new_id=new_uuid)
     try:
         if args.verb == "create":
@@ -95,11 +96,12 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     try:
         settings = load_settings(serving=False)
-        return asyncio.run(run(args, settings))
+        with embedded.unless_given(settings.DATABASE_URL) as url:
+            return asyncio.run(run(args, settings, url))
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
-    except (OSError, SQLAlchemyError) as exc:
+    except (OSError, SQLAlchemyError, embedded.EmbeddedError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else ""
         print(f"cannot reach the database: {type(exc).__name__}: {first}", file=sys.stderr)
         return 1
