@@ -1,7 +1,7 @@
 """api_keys: the gateway's API keys (hashed), per workspace and owner
 
 Revision ID: 0018
-Revises: 0013
+Revises: 0014
 """
 
 from collections.abc import Sequence
@@ -12,7 +12,7 @@ from alembic import op
 import storage.models
 
 revision: str = "0018"
-down_revision: str | None = "0013"
+down_revision: str | None = "0014"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
