@@ -41,6 +41,7 @@ CALL_TIMEOUT = 120.0  # seconds a call may take; past it the outcome is unknown,
 LIST_TIMEOUT = 30.0  # seconds for connecting and listing the tools
 PROBE_INTERVAL = 30.0  # seconds between checks that a connected server still answers
 RESULT_MAX = 20_000  # characters of a tool's text result passed on to the model
+TOOLS_MAX = 200  # tools one server may offer; the rest of a longer list are left out
 
 
 def hint(annotations: ToolAnnotations | None) -> str:
@@ -160,7 +161,7 @@ class McpTools:
                     client = self._client(link.config, stack)
                     async with asyncio.timeout(LIST_TIMEOUT):
                         await stack.enter_async_context(client)
-                        listed = await self._list(client)
+                        listed = await self._list(client, link.name)
                     link.client = client
                     link.dropped.clear()
                     await self._added(self._register(link, listed))
@@ -185,15 +186,21 @@ class McpTools:
             delay = min(delay * 2, self._backoff.most)
 
     @staticmethod
-    async def _list(client: Client) -> list[McpTool]:
+    async def _list(client: Client, server: str) -> list[McpTool]:
+        """The server's tools, the first TOOLS_MAX of them: every tool's name, description
+        and schema go to the model on every turn, so a server cannot flood its context."""
         tools: list[McpTool] = []
         cursor: str | None = None
         for _ in range(100):  # a paginator that never ends cannot hang the start
             page = await client.list_tools(cursor=cursor, cache_mode="refresh")
             tools += page.tools
-            if (cursor := page.next_cursor) is None:
+            if (cursor := page.next_cursor) is None or len(tools) > TOOLS_MAX:
                 break
-        return tools
+        if len(tools) > TOOLS_MAX:
+            log.warning(
+                "MCP server %s lists over %d tools: the rest are left out", server, TOOLS_MAX
+            )
+        return tools[:TOOLS_MAX]
 
     async def _watch(self, link: _Link, client: Client) -> None:
         """Until the connection is lost: a call saw it closed, or a periodic listing failed.
@@ -205,7 +212,7 @@ class McpTools:
                     return
             try:
                 async with asyncio.timeout(LIST_TIMEOUT):
-                    listed = await self._list(client)
+                    listed = await self._list(client, link.name)
             except Exception as exc:
                 log.warning("MCP server %s: stopped answering (%s)", link.name, _reason(exc))
                 return
@@ -261,7 +268,8 @@ class McpTools:
                     link.dropped.set()  # its task reconnects; this call is not resent
                 if exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
                     return _unknown(link.name, name)
-                log.info("MCP server %s answered %s with an error: %s", link.name, name, exc)
+                # Its message may quote the call's input: the model gets it, the log does not.
+                log.info("MCP server %s answered %s with error %s", link.name, name, exc.code)
                 return {"ok": False, "error": f"{name} failed: {exc.message[:500]}"}
             except Exception as exc:  # a broken transport: the outcome is unknown
                 log.warning("MCP call of %s: no answer (%s)", name, _reason(exc))

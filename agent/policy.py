@@ -224,9 +224,11 @@ class ApproverFacts:
     # The same for the escalation channel, once a request was escalated there.
     in_escalation_channel: bool = False
     public_escalation_channel: bool = False
+    # A guest, or a person of another organisation (Slack Connect): never an approver.
+    outsider: bool = False
 
 
-Refusal = Literal["self_approval", "participant", "not_an_approver", "public_channel"]
+Refusal = Literal["self_approval", "participant", "outsider", "not_an_approver", "public_channel"]
 
 
 def refusal(
@@ -251,6 +253,8 @@ def refusal(
         return "self_approval"
     if approver in participants:
         return "participant"
+    if facts.outsider:
+        return "outsider"
     why = _may_decide(
         approver,
         facts,

@@ -131,6 +131,11 @@ def load(path: Path) -> PolicyFile:
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else "?"
         raise PolicyFileError([f"{path}, line {line}: not valid YAML ({exc.problem})"]) from None
+    if twice := _duplicate_key(root):
+        key, line = twice
+        raise PolicyFileError(
+            [f"{path}, line {line}: {key!r} is given twice (YAML keeps the last)"]
+        )
     try:
         policy = PolicyFile.model_validate(data or {})
     except ValidationError as exc:
@@ -155,6 +160,24 @@ def load(path: Path) -> PolicyFile:
     if problems:
         raise PolicyFileError(problems)
     return policy
+
+
+def _duplicate_key(node: yaml.Node | None) -> tuple[str, int] | None:
+    """The first key a mapping repeats, and its second line: YAML silently keeps the last
+    one, so a second `transferMoney:` would quietly replace the first one's policy."""
+    if isinstance(node, yaml.MappingNode):
+        seen: set[object] = set()
+        for key, value in node.value:
+            if key.value in seen:
+                return str(key.value), key.start_mark.line + 1
+            seen.add(key.value)
+            if found := _duplicate_key(value):
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            if found := _duplicate_key(item):
+                return found
+    return None
 
 
 def tool_timeouts(policy: PolicyFile | None) -> dict[str, timedelta]:

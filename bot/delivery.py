@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -59,8 +59,12 @@ class Delivery:
         clock: Callable[[], datetime],
         stream_interval: float = 1.0,
         assistant_thread: Callable[[Thread], bool] = lambda thread: False,
+        is_private: Callable[[AsyncWebClient, str], Awaitable[bool]] | None = None,
     ) -> None:
         self._workflow = workflow
+        # Whether a channel is private (bot/people.py): a card in a public one quotes no
+        # conversation. None: every channel is taken to be private (the demo's).
+        self._is_private = is_private
         self._clock = clock
         self._stream_interval = stream_interval
         self._assistant_thread = assistant_thread
@@ -202,8 +206,9 @@ class Delivery:
         ]
         if not places:
             return
-        card = self._card(approval, await self._permalink(client, approval.thread))
+        link = await self._permalink(client, approval.thread)
         for channel, ts in places:  # the card, and its copy in the escalation channel
+            card = await self._card(client, channel, approval, link)
             try:
                 await client.chat_update(
                     channel=channel,
@@ -253,7 +258,7 @@ class Delivery:
                 metadata=card_mark(approval),
                 unfurl_links=False,
                 unfurl_media=False,
-                **self._card(approval, link),
+                **await self._card(client, escalation.channel, approval, link),
             )
         except SlackApiError as exc:
             log.error("could not escalate %s: %s", approval.id, exc.response.get("error"))
@@ -314,7 +319,7 @@ class Delivery:
                 metadata=card_mark(approval),
                 unfurl_links=False,
                 unfurl_media=False,
-                **self._card(approval, thread_link),
+                **await self._card(client, channel, approval, thread_link),
             )
         except SlackApiError as exc:
             error = exc.response.get("error")
@@ -362,12 +367,22 @@ class Delivery:
                 return str(message["ts"])
         return None
 
-    def _card(self, approval: Approval, thread_link: str | None) -> dict[str, Any]:
+    async def _card(
+        self, client: AsyncWebClient, channel: str, approval: Approval, thread_link: str | None
+    ) -> dict[str, Any]:
+        """The card as posted in `channel`: in a public one (a route whose approvers are
+        named), anyone in the workspace can read it, so it quotes nothing of the
+        conversation (Show conversation, for those who may decide, still does)."""
         r, now = approval.request, self._clock()
         description = self._workflow.describe(r.tool)
+        quotes = (
+            self._is_private is None
+            or channel == approval.thread.channel_id  # the requester's own thread
+            or await self._is_private(client, channel)
+        )
         if r.question:
             return blocks.question_card(
-                approval, description=description, thread_link=thread_link, now=now
+                approval, description=description, thread_link=thread_link, now=now, quotes=quotes
             )
         editable = self._workflow.edit_form(r.tool) is not None
         return blocks.approval_card(
@@ -377,6 +392,7 @@ class Delivery:
             now=now,
             editable=editable,
             note=self._workflow.note(r.tool),
+            quotes=quotes,
         )
 
     async def link(self, client: AsyncWebClient, thread: Thread) -> str | None:

@@ -59,10 +59,10 @@ def inbox_item(a: Approval, *, card_link: str | None, editable: bool) -> list[bl
         line += f"  ·  {link}"
     if (asked := _question(a)) is not None:
         line += f"\n_The agent asks:_ {asked}"
-    elif summary := blocks._summary(r.input):
+    elif summary := blocks._summary(a.current.input):  # the version a click decides
         line += f"\n{summary}"
     if a.edit is not None:
-        line += f"\n✏️ _changed by {blocks.mention(a.edit.by)}_"
+        line += f"\n✏️ _changed by {blocks.mention(a.edit.by)} (version {a.version})_"
     if r.approvals_needed > 1:
         line += f"\n{blocks.quorum_text(a)}"
     if r.question:
@@ -71,7 +71,7 @@ def inbox_item(a: Approval, *, card_link: str | None, editable: bool) -> list[bl
         buttons = [
             blocks._button("Approve", "approve", blocks.as_seen(a), "primary"),
             *([blocks._button("Edit & approve", "edit_approve", blocks.as_seen(a))] * editable),
-            blocks._button("Deny", "deny", a.id, "danger"),
+            blocks._button("Deny", "deny", blocks.as_seen(a), "danger"),
         ]
     # Block ids are unique within a view: one per request.
     return [
@@ -101,7 +101,7 @@ def own_item(a: Approval, *, thread_link: str | None, turn_waits: bool) -> block
         line += f"  ·  {link}"
     if (asked := _question(a)) is not None:
         line += f"\n{asked}"
-    elif summary := blocks._summary(r.input):
+    elif summary := blocks._summary(a.current.input):  # what will run, edits included
         line += f"\n{summary}"
     section = blocks._section(line)
     if r.asks == "requester" and a.decision is None:  # theirs to answer, here too
@@ -226,7 +226,7 @@ class HomeTabs:
         facts = self._people.deciding(client, user, clicked_in=None, home=True)
         inbox = await self._workflow.inbox(team, user, facts, scan=INBOX_SCAN)
         own = await self._workflow.requested_by(team, user, limit=OWN_SCAN)
-        admin = await self._people.is_admin(client, user)
+        admin = await self._people.is_admin(client, user, team)
         policy = await self._summary(self._workflow, team) if admin else None
         cards = [
             (a.id, Thread("", a.card.channel, a.card.ts))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -35,7 +35,7 @@ class People:
         self._admins = frozenset(admin_users)
         self._clock = clock
         self._ttl = ttl
-        self._admin_cache: dict[str, tuple[datetime, bool]] = {}
+        self._user_cache: dict[str, tuple[datetime, dict[str, Any] | None]] = {}
         self._group_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
         self._private_cache: dict[str, tuple[datetime, bool]] = {}
         self._member_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
@@ -51,21 +51,32 @@ class People:
         cache.pop(key, None)  # re-inserted: the newest
         cache[key] = (now + self._ttl, value)
 
-    async def is_admin(self, client: AsyncWebClient, user: str) -> bool:
-        """ADMIN_USERS, or a workspace admin or owner according to users.info."""
+    async def is_admin(self, client: AsyncWebClient, user: str, team: str | None = None) -> bool:
+        """ADMIN_USERS, or a workspace admin or owner according to users.info; never a guest
+        or a person of another organisation (Slack Connect)."""
         if user in self._admins:
             return True
-        cached = self._admin_cache.get(user)
+        info = await self._user(client, user)
+        if info is None or outsider(info, team):
+            return False  # fail closed: no policy change on a doubt
+        return bool(info.get("is_admin") or info.get("is_owner") or info.get("is_primary_owner"))
+
+    async def is_outsider(self, client: AsyncWebClient, user: str, team: str | None) -> bool:
+        """Whether `user` is a guest or of another organisation (True when Slack cannot say)."""
+        info = await self._user(client, user)
+        return info is None or outsider(info, team)
+
+    async def _user(self, client: AsyncWebClient, user: str) -> dict[str, Any] | None:
+        cached = self._user_cache.get(user)
         if cached and cached[0] > self._clock():
             return cached[1]
         try:
-            info = (await client.users_info(user=user))["user"]
+            info: dict[str, Any] = (await client.users_info(user=user))["user"]
         except SlackApiError as exc:
             log.warning("users.info failed for %s: %s", user, exc.response.get("error"))
-            return False  # fail closed: no policy change on a doubt
-        admin = bool(info.get("is_admin") or info.get("is_owner") or info.get("is_primary_owner"))
-        self._keep(self._admin_cache, user, admin)
-        return admin
+            return None
+        self._keep(self._user_cache, user, info)
+        return info
 
     async def group_members(self, client: AsyncWebClient, group: str) -> frozenset[str]:
         cached = self._group_cache.get(group)
@@ -130,6 +141,7 @@ class People:
         card_channel: str | None,
         escalation_channel: str | None = None,
         home: bool = False,
+        team: str | None = None,
     ) -> ApproverFacts:
         """Groups the policy names that `user` is in, whether they clicked on the card's own
         channel (or, once escalated, the escalation channel's card), and whether such a
@@ -148,6 +160,7 @@ class People:
             if home and not public:
                 in_channel = user in await self.channel_members(client, card_channel)
         in_escalation = clicked_in is not None and clicked_in == escalation_channel
+        guest = await self.is_outsider(client, user, team)
         public_escalation = False
         if escalation_channel and not (policy.escalate_users or policy.escalate_groups):
             public_escalation = not await self.is_private(client, escalation_channel)
@@ -160,6 +173,7 @@ class People:
             public_channel=public,
             in_escalation_channel=in_escalation,
             public_escalation_channel=public_escalation,
+            outsider=guest,
         )
 
     def deciding(
@@ -179,6 +193,17 @@ class People:
                 card_channel=card_channel,
                 escalation_channel=escalated.channel if escalated else None,
                 home=home,
+                team=approval.thread.team_id,
             )
 
         return facts
+
+
+def outsider(info: dict[str, Any], team: str | None) -> bool:
+    """A guest (`is_restricted`: multi-channel, `is_ultra_restricted`: single-channel), or
+    a person whose home is another organisation (a Slack Connect channel's member): neither
+    may approve or administer, whatever else they are."""
+    if info.get("is_restricted") or info.get("is_ultra_restricted") or info.get("is_stranger"):
+        return True
+    home = info.get("team_id")
+    return team is not None and home is not None and home != team

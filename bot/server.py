@@ -202,13 +202,15 @@ class Service:
         self.metrics.queue_depth_from(lambda: background.waiting)
         workflow = self._workflow(policy_file, background, servers)
         assistant = AssistantThreads(s.ASSISTANT_PROMPTS)
+        people = People(admin_users=s.ADMIN_USERS, clock=self._clock)
         delivery = Delivery(
             workflow,
             clock=self._clock,
             stream_interval=s.STREAM_INTERVAL_SECONDS,
             assistant_thread=assistant.knows,
+            # Its own cache: a card's post must not make a click see a channel's privacy late.
+            is_private=People(admin_users=s.ADMIN_USERS, clock=self._clock).is_private,
         )
-        people = People(admin_users=s.ADMIN_USERS, clock=self._clock)
         home = HomeTabs(
             workflow=workflow,
             people=people,

@@ -25,6 +25,9 @@ PING_AFTER_IDLE_SECONDS = 2.0
 
 def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """Create the engine, with a cheap liveness check per checkout (see `_check_alive`)."""
+    # Bound parameters are people's words, tool inputs and answers: never in an error's text
+    # (which reaches the log).
+    kwargs.setdefault("hide_parameters", True)
     engine = create_async_engine(url, **kwargs)
     if kwargs.get("pool_pre_ping"):
         return engine

@@ -37,6 +37,17 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value
 
 
+class CleanText(TypeDecorator[str]):
+    """Text with its NUL characters taken out: PostgreSQL refuses them in text, and a
+    tool's preview or a person's reason must not fail the write that records it."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return value.replace("\x00", "") if value is not None else None
+
+
 class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {
         dict[str, Any]: JSON,
@@ -150,10 +161,10 @@ class ApprovalRow(Base):
     requester: Mapped[str] = mapped_column(String(32))
     requested_at: Mapped[datetime]
     expires_at: Mapped[datetime]
-    why: Mapped[str] = mapped_column(Text)
+    why: Mapped[str] = mapped_column(CleanText)
     # The conversation's participants when the call was made (the requester among them).
     participants: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'"))
-    preview: Mapped[str | None] = mapped_column(Text)  # see storage/lifecycle.py Request
+    preview: Mapped[str | None] = mapped_column(CleanText)  # see storage/lifecycle.py Request
     context: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # what led to the call
     # A question's: whom it asks (requester, approvers; NULL for an approval), the answer.
     asks: Mapped[str | None] = mapped_column(String(16))
@@ -162,10 +173,17 @@ class ApprovalRow(Base):
     edited_input: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     edited_by: Mapped[str | None] = mapped_column(String(32))
     edited_at: Mapped[datetime | None]
+    edited_preview: Mapped[str | None] = mapped_column(Text)  # the preview of the edited call
+    # The call's current version: 1 as the agent asked it, the next for each edit. What an
+    # approver saw is named by it; a decision on another version changes nothing.
+    version: Mapped[int] = mapped_column(Integer, server_default="1")
+    # The model's own arguments, when the tool's schema coerced them into `input` (a
+    # restart of the call must carry them exactly); NULL when they are `input`.
+    asked_input: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     status: Mapped[ApprovalState] = mapped_column(_enum(ApprovalState))
     decided_by: Mapped[str | None] = mapped_column(String(32))
     decided_at: Mapped[datetime | None]
-    reason: Mapped[str | None] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(CleanText)
     execution: Mapped[ExecutionState] = mapped_column(_enum(ExecutionState))
     output: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     card_channel: Mapped[str | None] = mapped_column(String(32))
@@ -198,6 +216,7 @@ class VoteRow(Base):
     approval_id: Mapped[str] = mapped_column(ForeignKey("approvals.id"), primary_key=True)
     voter: Mapped[str] = mapped_column(String(32), primary_key=True)
     at: Mapped[datetime]
+    version: Mapped[int] = mapped_column(Integer, server_default="1")  # what it approved
 
 
 class PolicyRow(Base):

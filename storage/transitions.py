@@ -25,7 +25,7 @@ A, T, C, S, V = (
 SIBLING = A.alias("sibling")
 NOW = sa.bindparam("now", type_=A.c.expires_at.type)
 ROW_ID: sa.BindParameter[str] = sa.bindparam("row_id", type_=sa.String())  # the changed row
-SEEN = sa.bindparam("seen", type_=A.c.edited_at.type)  # the edit the approver saw, if any
+SEEN = sa.bindparam("seen", type_=A.c.version.type)  # the version the approver saw
 
 # The SQL of each requirement of the lifecycle; a test checks that every one is here.
 REQUIREMENTS: Mapping[Requirement, sa.ColumnElement[bool]] = {
@@ -52,9 +52,8 @@ REQUIREMENTS: Mapping[Requirement, sa.ColumnElement[bool]] = {
     Requirement.ASKS_APPROVAL: A.c.asks.is_(None),
     Requirement.ASKS_ANSWER: A.c.asks.is_not(None),
     Requirement.SEVERAL_NEEDED: A.c.approvals_needed > 1,
-    Requirement.AS_SEEN: sa.or_(
-        sa.and_(A.c.edited_at.is_(None), SEEN.is_(None)), A.c.edited_at == SEEN
-    ),
+    Requirement.AS_SEEN: A.c.version == SEEN,
+    Requirement.SAME_VERSION: A.c.version == sa.bindparam("call_version", type_=A.c.version.type),
 }
 STATE_COLUMN = {
     Subject.APPROVAL: A.c.status,

@@ -148,7 +148,7 @@ def policy_change(verb: str, args: list[str]) -> dict[str, Any]:
 async def change(c: Invocation) -> str:
     if not c.args:
         raise Usage(f"Usage: `/approvals {c.verb} <tool> …`")
-    if not await c.deps.people.is_admin(c.client, c.user):
+    if not await c.deps.people.is_admin(c.client, c.user, c.team):
         return "Only workspace admins and Greenlight admins can change that."
     tool, changes = c.args[0], policy_change(c.verb, c.args[1:])
     if refused := await public_channel_refusal(c, tool, changes):

@@ -308,7 +308,7 @@ async def test_real_gemini_plugin_interrupt_approve_and_resume(
         [sent] = gemini.function_responses()
         output = {"success": True, "transactionId": f"txn-{approval.id}"}
         assert sent == {
-            "id": "call-1",
+            "id": approval.request.ref,  # Greenlight's own, not the model's "call-1"
             "name": "transferMoney",
             "response": {"name": "transferMoney", "content": output},
         }

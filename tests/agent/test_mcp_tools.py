@@ -22,7 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from agent import mcp_tools, policy_file
 from agent.mcp_config import McpServer, McpServers
-from agent.mcp_tools import Backoff, McpTools, hint, result_output
+from agent.mcp_tools import TOOLS_MAX, Backoff, McpTools, hint, result_output
 from agent.runtime import AgentConfig, AgentRuntime, build_runtime
 from bot.server import mcp_servers
 from bot.settings import ConfigError, Settings, load_settings
@@ -153,6 +153,26 @@ async def tickets(
     await mcp.start()
     try:
         yield mcp, runtime, pidfile
+    finally:
+        await mcp.stop()
+
+
+async def test_a_server_may_offer_at_most_200_tools(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TICKETS_LOG", str(tmp_path / "tickets.jsonl"))
+    env = {"TICKETS_LOG": str(tmp_path / "tickets.jsonl"), "TICKETS_EXTRA": "250"}
+    runtime = new_runtime()
+    mcp = McpTools(
+        {"many": McpServer(command=sys.executable, args=[SERVER], env=env)},
+        runtime,
+        backoff=Backoff(first=0.1, most=0.5),
+    )
+    await mcp.start()
+    try:
+        assert mcp.connected("many")
+        offered = [name for name in runtime.known() if name.startswith("many.")]
+        assert len(offered) == TOOLS_MAX == 200  # of the 253 it lists
     finally:
         await mcp.stop()
 

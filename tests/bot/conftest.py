@@ -109,6 +109,8 @@ def bot_settings(slack: FakeSlack, gemini: FakeGemini, **overrides: Any) -> Sett
 async def fake_slack() -> AsyncIterator[FakeSlack]:
     async with FakeSlack(ts_start=int(time.time())) as slack:  # posts get real-time ts
         slack.channels[APPROVERS] = {"is_private": True}  # the only kind the bot accepts
+        # Who is in it: a modal's submission asks Slack again (a test may change it).
+        slack.members[APPROVERS] = ["UBOSS", "UCFO", "UOTHERBOSS"]
         yield slack
 
 
@@ -218,7 +220,7 @@ class SlackClient:
         """Press a button of the card whose chat.postMessage is `card`."""
         value = button_value(card, action)
         assert self.service.deps is not None
-        approval = await self.service.deps.workflow.approval(team, value)
+        approval = await self.service.deps.workflow.approval(team, value.split("~")[0])
         payload = sp.block_actions(
             team,
             user,
@@ -274,6 +276,11 @@ async def client(service: Service, fake_slack: FakeSlack) -> AsyncIterator[Slack
 
 
 # -- reading what the service sent to Slack --------------------------------------------------
+
+
+def approval_id_of(card: Call) -> str:
+    """The approval a card is about (its decision buttons name a version too: `<id>~<n>`)."""
+    return button_value(card, "approve").split("~")[0]
 
 
 def button_value(card: Call, action: str) -> str:

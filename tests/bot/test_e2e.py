@@ -31,8 +31,8 @@ from tests.bot.conftest import (
     APPROVERS,
     DM,
     SlackClient,
+    approval_id_of,
     bot_settings,
-    button_value,
     in_channel,
     new_ts,
     settle,
@@ -88,7 +88,7 @@ async def ask(
     (note,) = await fake_slack.wait_for(
         "chat.update", predicate=lambda c: in_channel(DM)(c) and "approval" in text_of(c)
     )
-    return Asked(ts, placeholder, card, note, button_value(card, "approve"))
+    return Asked(ts, placeholder, card, note, approval_id_of(card))
 
 
 def text_of(call: Call) -> str:
@@ -176,9 +176,9 @@ async def test_dm_to_card_to_approve_to_reply(
     }
     (actions,) = [b for b in card_blocks if b.get("block_id") == "approval"]
     assert [(e["action_id"], e["value"]) for e in actions["elements"]] == [
-        ("approve", asked.approval_id),
-        ("edit_approve", asked.approval_id),
-        ("deny", asked.approval_id),
+        ("approve", f"{asked.approval_id}~1"),
+        ("edit_approve", f"{asked.approval_id}~1"),
+        ("deny", f"{asked.approval_id}~1"),
     ]
     assert "thread_ts" not in asked.card.args
     [pending] = await service.deps.workflow.pending(team)
@@ -203,7 +203,9 @@ async def test_dm_to_card_to_approve_to_reply(
     assert (entry["tool"], entry["amount"], entry["to"]) == ("transferMoney", 500, "12345")
     assert entry["key"] == asked.approval_id
     [response] = gemini.function_responses()
-    assert response["id"] == "call-1" and response["name"] == "transferMoney"
+    # The call's ref is Greenlight's own, not the model's "call-1"; the answer carries it.
+    assert response["id"] == info.request.ref != "call-1"
+    assert response["name"] == "transferMoney"
     assert response["response"]["content"]["success"] is True
     assert gemini.pending == 0
     await settle(service)
@@ -244,7 +246,7 @@ async def test_deny_with_a_reason_reaches_the_model_and_nothing_runs(
     reply = await reply_in_thread(fake_slack, asked.thread_ts)
     assert text_of(reply) == "The transfer was denied: not this month."
     [response] = gemini.function_responses()
-    assert response["id"] == "call-1"
+    assert response["id"] != "call-1"  # Greenlight's own ref
     assert response["response"]["content"] == {
         "ok": False,
         "error": "denied by UBOSS: not this month",

@@ -50,7 +50,7 @@ from tests.bot.conftest import (
     DM,
     SECRET,
     SlackClient,
-    button_value,
+    approval_id_of,
     in_channel,
     new_ts,
     settle,
@@ -105,7 +105,7 @@ async def test_a_card_is_posted_once_through_a_500_and_a_429(
     attempts = approver_posts(fake_slack)
     assert [c.injected for c in attempts] == [True, True, False]  # 500, 429, posted
 
-    approval_id = button_value(card, "approve")
+    approval_id = approval_id_of(card)
     assert service.deps is not None
     info = await service.deps.workflow.approval(team, approval_id)
     assert info is not None and info.card is not None and info.card.ts is not None
@@ -378,7 +378,7 @@ async def approved_while_answering(
     (card,) = await fake_slack.wait_for(
         "chat.postMessage", predicate=in_channel(APPROVERS), timeout=30
     )
-    approval_id = button_value(card, "approve")
+    approval_id = approval_id_of(card)
     click = sp.block_actions(
         team,
         BOSS,
@@ -418,10 +418,12 @@ async def check_resumed_once(
     """Checked once no process is left that could still act."""
     [entry] = ledger_tools.entries()  # the tool never ran again
     assert entry["key"] == approval_id
-    answered: dict[str, Any] = {"id": "call-1", "name": "transferMoney"}
+    responses = gemini.function_responses()
+    ref = responses[0]["id"]  # Greenlight's own, not the model's "call-1"
+    answered: dict[str, Any] = {"id": ref, "name": "transferMoney"}
     answered["response"] = {"name": "transferMoney", "content": output}
     # The first process's model call and the recovery's both carry the one recorded output.
-    assert gemini.function_responses() == [answered, answered]
+    assert responses == [answered, answered] and ref != "call-1"
     assert len(gemini.generate_requests()) == 3 and gemini.pending == 0
     assert len(thread_posts(fake_slack, ts)) == 2  # the placeholder, exactly one reply
 
@@ -977,7 +979,7 @@ async def test_fuzzed_deny_reasons_are_recorded_clipped_and_escaped(
     await settle(service)
 
     expected = reason.replace("\x00", "").strip()[:500] or None
-    info = await service.deps.workflow.approval(team, button_value(card, "deny"))
+    info = await service.deps.workflow.approval(team, approval_id_of(card))
     assert info is not None and isinstance(info.decision, Denied)
     assert info.decision.reason == expected
     error = "denied by UBOSS" + (f": {expected}" if expected else "")

@@ -62,8 +62,8 @@ async def test_an_approver_sees_what_they_may_decide_and_the_requester_their_req
     asked = await ask(client, fake_slack, gemini, team)
 
     boss = await open_home(client, team, BOSS)
-    assert [v for _, v in buttons(boss, "approve")] == [asked.approval_id]
-    assert [v for _, v in buttons(boss, "deny")] == [asked.approval_id]
+    assert [v for _, v in buttons(boss, "approve")] == [f"{asked.approval_id}~1"]
+    assert [v for _, v in buttons(boss, "deny")] == [f"{asked.approval_id}~1"]
     assert buttons(boss, "edit_approve")  # transferMoney has a schema to edit by
     assert "`transferMoney` for <@UEMP>" in shown(boss) and "amount: 500" in shown(boss)
     assert "{ago}" in shown(boss)  # its age, in the reader's Slack
@@ -83,7 +83,7 @@ async def test_an_approver_sees_what_they_may_decide_and_the_requester_their_req
     admin = await open_home(client, team, ADMIN)
     assert "Policy (admins)" in shown(admin)
     assert "`transferMoney` — needs approval · <#C0APPROVE>" in shown(admin)
-    assert [v for _, v in buttons(admin, "approve")] == [asked.approval_id]
+    assert [v for _, v in buttons(admin, "approve")] == [f"{asked.approval_id}~1"]
 
     # Opening the Messages tab publishes nothing.
     await client.send(sp.app_home_opened_event(team, BOSS, tab="messages"))
@@ -136,7 +136,7 @@ async def test_a_refused_click_on_the_home_changes_nothing_and_says_why_there(
     fake_slack.members[APPROVERS] = [BOSS, OUTSIDER]
     asked = await ask(client, fake_slack, gemini, team)
     outsider = await open_home(client, team, OUTSIDER)
-    assert [v for _, v in buttons(outsider, "approve")] == [asked.approval_id]
+    assert [v for _, v in buttons(outsider, "approve")] == [f"{asked.approval_id}~1"]
     # Meanwhile an admin names BOSS alone: the click checks again, under the policy now.
     _, answer = await client.command(team, ADMIN, "approvers transferMoney <@UBOSS>")
     assert answer.startswith("Done.")
