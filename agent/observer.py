@@ -30,3 +30,6 @@ class Observer:
 
     def turn_ended(self, outcome: TurnOutcomeName, seconds: float | None) -> None:
         """A turn ended; `seconds` it ran the agent for (None: it did not run it)."""
+
+    def gateway_call(self, door: str, outcome: str) -> None:
+        """A call through the gateway's `door` (mcp, api) ended as `outcome`."""

@@ -341,9 +341,22 @@ class PolicyService:
         self._tools = tools
         self._defaults = defaults
         self._clock = clock
+        self._extra: frozenset[str] = frozenset()
+        self._prefixes: tuple[str, ...] = ()
+
+    def also_knows(self, tools: Collection[str] = (), prefixes: tuple[str, ...] = ()) -> None:
+        """Names policy may name besides the agent's tools: POLICY_FILE's `api_tools` (the
+        approvals API's), and open families such as `prompt.` (Claude Code's tools, asked
+        through the gateway's approval_prompt)."""
+        self._extra = self._extra | frozenset(tools)
+        self._prefixes = (*self._prefixes, *prefixes)
+
+    def knows(self, tool: str) -> bool:
+        """Whether policy may name `tool`."""
+        return tool in self._tools() or tool in self._extra or tool.startswith(self._prefixes)
 
     def known_tools(self) -> list[str]:
-        return sorted(self._tools())
+        return sorted({*self._tools(), *self._extra})
 
     async def get(self, team_id: str, tool: str) -> Policy:
         """The tool's policy as stored now, defaults applied."""
@@ -355,7 +368,9 @@ class PolicyService:
 
     async def all(self, team_id: str) -> list[Policy]:
         stored = {p.tool: p for p in await self._store.all(team_id)}
-        return [effective(t, stored.get(t), self._defaults) for t in self.known_tools()]
+        named = [t for t in stored if t.startswith(self._prefixes) and self._prefixes]
+        tools = [*self.known_tools(), *sorted(set(named) - set(self.known_tools()))]
+        return [effective(t, stored.get(t), self._defaults) for t in tools]
 
     async def apply_file(
         self, team_id: str, file: PolicyFile, only: Collection[str] | None = None
@@ -365,7 +380,9 @@ class PolicyService:
         apply until the next start. `only`: just these tools (an MCP server's, as they
         join), leaving the others as admins may have changed them since."""
         changed = []
-        for tool in self.known_tools():
+        known = self.known_tools()
+        named = [t for t in [*file.allow, *file.tools] if t not in known and self.knows(t)]
+        for tool in [*known, *dict.fromkeys(named)]:
             if only is not None and tool not in only:
                 continue
             wanted = from_file(tool, file)
@@ -378,8 +395,8 @@ class PolicyService:
 
     async def change(self, team_id: str, tool: str, *, by: str, **changes: object) -> Policy:
         """Apply an admin's change; unknown tools are refused before anything is written."""
-        if tool not in self._tools():
-            raise UnknownTool(tool, self._tools())
+        if not self.knows(tool):
+            raise UnknownTool(tool, self.known_tools())
         stored = await self._store.change(
             team_id,
             tool,

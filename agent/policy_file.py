@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 DURATION = re.compile(r"^(\d{1,6})([smhd])$")
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 CHANNEL = re.compile(r"^[CG][A-Z0-9]{2,}$")
+PROMPT_PREFIX = "prompt."  # Claude Code's tools, as the gateway's approval_prompt asks
 PRINCIPAL = re.compile(r"^[UWS][A-Z0-9]{2,}$")  # a user (U, W) or a user group (S)
 
 
@@ -98,6 +99,10 @@ class PolicyFile(_Strict):
     allow: list[str] = Field(default_factory=list)
     tools: dict[str, ToolSpec] = Field(default_factory=dict)
     mcp_servers: McpServers = Field(default_factory=dict)  # README, "MCP servers"
+    # Tools the approvals API's callers name (gateway/): policy may name them too.
+    api_tools: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        default_factory=list
+    )
 
 
 @functools.lru_cache(maxsize=1024)
@@ -208,7 +213,10 @@ def check_tools(
     `servers` may offer (`<server>.<tool>`: the server may be down at start)."""
     text = path.read_text()
     root = yaml.compose(text, Loader=yaml.SafeLoader)
-    known = {*known, *(t for t in [*policy.allow, *policy.tools] if t.split(".")[0] in servers)}
+    named = [*policy.allow, *policy.tools]
+    known = {*known, *(t for t in named if t.split(".")[0] in servers)}
+    # The gateway's: the approvals API's tools, and Claude Code's (prompt.<tool>).
+    known |= {*policy.api_tools, *(t for t in named if t.startswith(PROMPT_PREFIX))}
     problems = []
     for i, tool in enumerate(policy.allow):
         if tool not in known:

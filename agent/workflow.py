@@ -286,6 +286,10 @@ class Workflow:
     def runtime(self) -> AgentRuntime:
         return self._runtime
 
+    @property
+    def tool_timeouts(self) -> ToolTimeouts:
+        return self._tool_timeouts
+
     def describe(self, tool: str) -> str:
         """The tool's description, for the people deciding on its calls."""
         return self._runtime.describe(tool)

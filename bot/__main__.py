@@ -15,7 +15,7 @@ from storage.embedded import EmbeddedError
 
 USAGE = (
     "usage: greenlight [serve | demo | audit export --since DATE | policy check | policy test |"
-    " migrate | healthcheck | manifest | --version]"
+    " migrate | healthcheck | manifest | keys create|revoke | --version]"
 )
 HEALTHCHECK_TIMEOUT = 5.0  # seconds; /healthz itself gives the database 2
 
@@ -99,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         from bot.audit_export import main as audit_main
 
         return audit_main(args[1:])
+    if args[:1] == ["keys"]:
+        from bot.keys_cli import main as keys_main
+
+        return keys_main(args[1:])
     if args[:1] == ["policy"]:
         from bot.policy_cli import main as policy_main
 

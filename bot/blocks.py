@@ -26,6 +26,7 @@ from agent.workflow import (
     Expired,
     Finished,
     History,
+    NotStarted,
     Request,
     Said,
     Source,
@@ -478,10 +479,18 @@ def approval_card(
         who += f"  ·  also in the conversation: {', '.join(mention(p) for p in others)}"
     if link := _link(thread_link, "View the conversation"):
         who += f"  ·  {link}"
+    if (via := r.context.via) is not None:
+        who += f"  ·  through key `{escape(via.key)}`"
+        if via.client:
+            who += f"  ·  MCP client `{escape(via.client)}`"
     blocks: list[Block] = [
         {"type": "header", "text": {"type": "plain_text", "text": header}},
         _section(who + (f"\n{_fit(description, 2000)[0]}" if description else "")),
     ]
+    if via is not None and via.gone:
+        gone = "⚠️ The caller went away while this waited: nothing will run"
+        ran = isinstance(a.execution, NotStarted)
+        blocks.append(_context(gone + (" (the result has nowhere to go)." if ran else ".")))
     if note:
         blocks.append(_context(escape(note)))
     blocks += request_sections(r, quotes)

@@ -302,6 +302,11 @@ class Delivery:
             links.append(await self._post_card(client, approval, thread_link))
         return blocks.requester_note(list(approvals), card_links=links)
 
+    async def post_card(self, client: AsyncWebClient, approval: Approval) -> None:
+        """The card of a request with no Slack thread behind it (the gateway's), through the
+        same outbox as every card."""
+        await self._post_card(client, approval, None)
+
     async def _post_card(
         self, client: AsyncWebClient, approval: Approval, thread_link: str | None
     ) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agent.keys import ApiKeys
 from agent.limits import MessageLimits
 from agent.workflow import Workflow
 from bot.assistant import AssistantThreads
@@ -26,3 +27,4 @@ class Deps:
     limits: MessageLimits  # messages per person and workspace per minute
     assistant: AssistantThreads
     home: HomeTabs
+    keys: ApiKeys  # the gateway's API keys (`/approvals keys`)

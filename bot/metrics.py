@@ -78,6 +78,12 @@ class Metrics(Observer):
             ["method", "error"],
             registry=registry,
         )
+        self._gateway = Counter(
+            "greenlight_gateway_calls_total",
+            "Calls through the gateway, by door (mcp, api) and outcome",
+            ["door", "outcome"],
+            registry=registry,
+        )
         self._tools: set[str] = set()
 
     # -- the workflow's observer ---------------------------------------------------------
@@ -88,6 +94,9 @@ class Metrics(Observer):
 
     def executed(self, tool: str, outcome: ExecutionOutcome) -> None:
         self._executions.labels(tool, outcome).inc()
+
+    def gateway_call(self, door: str, outcome: str) -> None:
+        self._gateway.labels(door, outcome).inc()
 
     def turn_ended(self, outcome: TurnOutcomeName, seconds: float | None) -> None:
         self._turns.labels(outcome).inc()

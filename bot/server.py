@@ -29,6 +29,7 @@ from agent import policy_file as policy_files
 from agent.approval import ToolTimeouts
 from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.files import FileTools
+from agent.keys import ApiKeys
 from agent.limits import MessageLimits
 from agent.mcp_config import McpServers
 from agent.models import Credentials, ModelPluginError, Resilience
@@ -47,8 +48,13 @@ from bot.listeners.commands import policy_summary
 from bot.metrics import Metrics
 from bot.people import People
 from bot.settings import ConfigError, Settings
+from gateway.api import ApiDoor
+from gateway.calls import PROMPT_PREFIX, Gateway
+from gateway.mcp import PATH as MCP_PATH, McpDoor
 from storage import embedded
+from storage.approval_store import ApprovalStore
 from storage.db import make_engine, make_session_factory
+from storage.gateway_store import GatewayStore
 
 if TYPE_CHECKING:
     from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
@@ -189,6 +195,8 @@ class Service:
         self._team: str | None = None  # the workspace this token serves, once known
         self.deps: Deps | None = None
         self.app: AsyncApp | None = None
+        self.gateway: Gateway | None = None
+        self._gateway_running = contextlib.AsyncExitStack()
 
     async def start(self) -> None:
         s = self.settings
@@ -234,6 +242,7 @@ class Service:
             ),
             home=home,
             assistant=assistant,
+            keys=ApiKeys(make_session_factory(self._engine), clock=self._clock, new_id=new_uuid),
         )
         assert s.SLACK_BOT_TOKEN is not None
         signing = s.SLACK_SIGNING_SECRET.get_secret_value() if s.SLACK_SIGNING_SECRET else None
@@ -255,6 +264,26 @@ class Service:
         web_app = web.Application() if s.socket_mode else app.web_app(path=SLACK_PATH)
         if not s.socket_mode and signing is not None:
             web_app.middlewares.append(signed_only(signing))
+        # The gateway (gateway/): a second transport on the same workflow; its cards go out
+        # through this delivery and its outbox, like any other.
+        sessions = make_session_factory(self._engine)
+        self.gateway = Gateway(
+            workflow,
+            ApprovalStore(sessions),
+            GatewayStore(sessions),
+            clock=self._clock,
+            new_id=new_uuid,
+            post_card=functools.partial(delivery.post_card, app.client),
+            refresh_card=functools.partial(delivery.refresh_card, app.client),
+            observer=self.metrics,
+            tool_timeouts=workflow.tool_timeouts,
+            limits=deps.limits,
+        )
+        door = McpDoor(self.gateway, deps.keys)
+        await self._gateway_running.enter_async_context(door.running())
+        for method in ("GET", "POST", "DELETE"):
+            web_app.router.add_route(method, MCP_PATH, door.handle)
+        ApiDoor(self.gateway, deps.keys).routes(web_app)
         web_app.router.add_get("/healthz", self._healthz)
         web_app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(web_app, access_log=None)
@@ -327,6 +356,9 @@ class Service:
                 keep_data=timedelta(days=s.RETENTION_DAYS),
                 keep_audit=timedelta(days=s.AUDIT_RETENTION_DAYS),
             )
+            # The gateway's names: the approvals API's tools, Claude Code's (prompt.<tool>).
+            api_tools = policy_file.api_tools if policy_file is not None else []
+            workflow.policies.also_knows(api_tools, prefixes=(PROMPT_PREFIX,))
             if policy_file is not None and s.POLICY_FILE is not None:
                 known = workflow.policies.known_tools()
                 policy_files.check_tools(s.POLICY_FILE, policy_file, known, servers)
@@ -380,6 +412,9 @@ class Service:
                     await loop
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.gateway is not None:
+            self.gateway.close()
+        await self._gateway_running.aclose()
         if self.deps is not None:
             self.deps.home.close()
             cut = await self.deps.background.drain(self.settings.SHUTDOWN_GRACE_SECONDS)

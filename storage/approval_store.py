@@ -875,6 +875,9 @@ def _audit(transition: Transition, approval: Approval, at: datetime) -> dict[str
         "answer": answer,
         "output": execution.output if isinstance(execution, Finished) else None,
     }
+    # Which door the request came through (slack, or the gateway's mcp, api) and its key.
+    via = r.context.via
+    door = {"door": "slack"} if via is None else {"door": via.door, "key": via.key}
     return audit.entry(
         team_id=approval.thread.team_id,
         at=at,
@@ -883,6 +886,7 @@ def _audit(transition: Transition, approval: Approval, at: datetime) -> dict[str
         tool=r.tool,
         approval_id=approval.id,
         **{key: fields[key] for key in spec.detail},
+        **door,
     )
 
 

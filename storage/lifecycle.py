@@ -421,6 +421,18 @@ class History:
 
 
 @dataclass(frozen=True)
+class Via:
+    """A request that came through the gateway (gateway/), not from the agent's own turn:
+    the door (`mcp`, `api`), the API key's name, the MCP client that asked (name and
+    version), and whether the caller went away while it waited (then nothing runs)."""
+
+    door: str
+    key: str
+    client: str | None = None
+    gone: bool = False
+
+
+@dataclass(frozen=True)
 class Context:
     """What led to a call, recorded with its request (an approver decides on this)."""
 
@@ -430,6 +442,7 @@ class Context:
     # Per argument value (by path: "toAccount", "items.0.sku"), where it came from.
     sources: Mapping[str, Source] = field(default_factory=dict)
     history: History | None = None
+    via: Via | None = None  # through the gateway: which door, key and client
 
 
 @dataclass(frozen=True)

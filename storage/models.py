@@ -283,3 +283,35 @@ class MessageCountRow(Base):
     minute: Mapped[datetime] = mapped_column(primary_key=True)
     count: Mapped[int] = mapped_column(Integer)
     told: Mapped[bool] = mapped_column(default=False)  # the "wait" reply is out
+
+
+class ApiKeyRow(Base):
+    """An API key of the gateway (gateway/): it acts as the Slack user who owns it, in one
+    workspace. Only the key's SHA-256 is kept; the callback signing secret is kept as is
+    (Greenlight signs with it), shown once with the key."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    team_id: Mapped[str] = mapped_column(String(32))
+    user_id: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str] = mapped_column(String(64))
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    callback_secret: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+    last_used_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        Index("ix_api_keys_owner", "team_id", "user_id", "name"),
+        # One live key per owner and name: a name says which key, when listing or revoking.
+        Index(
+            "ux_api_keys_live_name",
+            "team_id",
+            "user_id",
+            "name",
+            unique=True,
+            postgresql_where=sa.text("revoked_at IS NULL"),
+            sqlite_where=sa.text("revoked_at IS NULL"),
+        ),
+    )

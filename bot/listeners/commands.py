@@ -20,6 +20,7 @@ from typing import Any
 from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncRespond
 from slack_sdk.web.async_client import AsyncWebClient
 
+from agent.keys import ApiKey, BadName, NameTaken
 from agent.policy import Policy, Rule, UnknownTool, split_principals
 from agent.policy_cases import Outcome, decide
 from agent.workflow import CardState, Workflow
@@ -33,7 +34,10 @@ HELP = """*`/approvals`* — who approves what the agent does
 • `audit [tool] [page]` — recent requests, decisions and policy changes, newest first, 20 a page
 • `rules <tool>` — the tool's rules (from the policy file), in order
 • `explain <tool> <json input>` — what the policy does with such a call, and why
+• `keys create NAME` · `keys list` · `keys revoke NAME` — API keys your agents use to ask \
+Greenlight (they act as you; answered to you alone)
 Admins only:
+• `keys list all` · `keys revoke NAME @user` — anyone's API keys
 • `allow <tool>` — run it without approval  •  `require <tool>` — needs approval again
 • `route <tool> #channel` — where its approval cards go
 • `approvers <tool> @user @group…` — who may approve it (`approvers <tool> channel` resets to \
@@ -163,7 +167,7 @@ async def public_channel_refusal(c: Invocation, tool: str, changes: dict[str, An
     if c.verb not in ("route", "approvers"):
         return None
     policies = c.deps.workflow.policies
-    if tool not in policies.known_tools():
+    if not policies.knows(tool):
         raise UnknownTool(tool, policies.known_tools())
     current = await policies.get(c.team, tool)
     channel = changes.get("channel", current.channel)
@@ -244,6 +248,7 @@ async def audit_trail(c: Invocation) -> str:
     lines = [
         f"• {e.at:%Y-%m-%d %H:%M} {e.action} `{escape(e.tool or '-')}` by "
         + (f"<@{e.actor}>" if USER.match(f"<@{e.actor}>") else escape(e.actor))
+        + _door(e.detail)
         for e in trail
     ]
     if not lines:
@@ -251,11 +256,19 @@ async def audit_trail(c: Invocation) -> str:
     return paged(lines, page, f"/approvals audit {escape(tool)}" if tool else "/approvals audit")
 
 
+def _door(detail: dict[str, Any]) -> str:
+    """ " via mcp, key `ci`" for an entry of a gateway request; "" for Slack's own."""
+    door = detail.get("door")
+    if not isinstance(door, str) or door == "slack":
+        return ""
+    return f" via {escape(door)}, key `{escape(str(detail.get('key', '?')))}`"
+
+
 async def list_rules(c: Invocation) -> str:
     if len(c.args) != 1:
         raise Usage("Usage: `/approvals rules <tool>`")
     tool, policies = c.args[0], c.deps.workflow.policies
-    if tool not in policies.known_tools():
+    if not policies.knows(tool):
         raise UnknownTool(tool, policies.known_tools())
     policy = await policies.get(c.team, tool)
     if not policy.rules:
@@ -276,7 +289,7 @@ async def explain(c: Invocation) -> str:
         raise Usage(usage)
     tool, given = [*c.rest.split(None, 1), ""][:2]
     workflow = c.deps.workflow
-    if tool not in workflow.policies.known_tools():
+    if not workflow.policies.knows(tool):
         raise UnknownTool(tool, workflow.policies.known_tools())
     try:
         args = json.loads(given) if given.strip() else {}
@@ -326,6 +339,63 @@ async def show_help(c: Invocation) -> str:
     return HELP
 
 
+KEYS_USAGE = (
+    "Usage: `/approvals keys create NAME`, `/approvals keys list`, `/approvals keys revoke NAME`"
+)
+
+
+async def keys(c: Invocation) -> str:
+    """API keys: each person's own; admins list and revoke anyone's. Every answer goes to
+    the caller alone (the response_url, ephemeral): a new key is shown there, once."""
+    verb, rest = (c.args[0].lower(), c.args[1:]) if c.args else ("", [])
+    if verb == "create" and len(rest) == 1:
+        try:
+            made = await c.deps.keys.create(c.team, c.user, rest[0])
+        except BadName:
+            return (
+                "A key name is 1 to 64 letters, digits, `_`, `.` or `-`, first a letter or digit."
+            )
+        except NameTaken:
+            name = escape(rest[0])
+            return f"You already have a key named `{name}`: revoke it, or pick another name."
+        return (
+            f"Your new API key `{escape(made.key.name)}` (it acts as you; keep it secret, it is "
+            "not shown again):\n"
+            f"```{made.token}```\n"
+            f"Callback signing secret (for `callback_url`s): ```{made.callback_secret}```"
+        )
+    if verb == "list" and rest in ([], ["all"]):
+        everyone = rest == ["all"]
+        if everyone and not await c.deps.people.is_admin(c.client, c.user):
+            return "Only workspace admins and Greenlight admins can list everyone's keys."
+        found = await c.deps.keys.live(c.team, None if everyone else c.user)
+        if not found:
+            return (
+                "No API keys."
+                if everyone
+                else "You have no API keys: `/approvals keys create NAME`."
+            )
+        return "\n".join(_key_line(k, owner=everyone) for k in found)
+    if verb == "revoke" and len(rest) in (1, 2):
+        owner = c.user
+        if len(rest) == 2:
+            if not (user := USER.match(rest[1])):
+                raise Usage("Usage: `/approvals keys revoke NAME @user`")
+            owner = user.group(1)
+            if owner != c.user and not await c.deps.people.is_admin(c.client, c.user):
+                return "Only workspace admins and Greenlight admins can revoke others' keys."
+        if not await c.deps.keys.revoke(c.team, owner, rest[0]):
+            return f"No key named `{escape(rest[0])}` of <@{owner}>. Nothing was changed."
+        return f"Revoked `{escape(rest[0])}` of <@{owner}>: it is refused from now on."
+    raise Usage(KEYS_USAGE)
+
+
+def _key_line(key: ApiKey, *, owner: bool) -> str:
+    used = f"last used {key.last_used_at:%Y-%m-%d %H:%M} UTC" if key.last_used_at else "never used"
+    whose = f" of <@{key.user_id}>" if owner else ""
+    return f"• `{escape(key.name)}`{whose} — created {key.created_at:%Y-%m-%d %H:%M} UTC, {used}"
+
+
 SUBCOMMANDS: dict[str, Callable[[Invocation], Awaitable[str]]] = {
     "list": list_tools,
     "pending": list_pending,
@@ -333,6 +403,7 @@ SUBCOMMANDS: dict[str, Callable[[Invocation], Awaitable[str]]] = {
     "rules": list_rules,
     "explain": explain,
     "help": show_help,
+    "keys": keys,
     **dict.fromkeys(CHANGING, change),
 }
 

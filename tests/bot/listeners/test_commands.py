@@ -46,7 +46,7 @@ async def test_each_subcommand_answers_through_the_table(
     assert set(SUBCOMMANDS) == {
         "list", "pending", "audit", "rules", "explain", "help", "allow", "require", "route",
         "approvers",
-        "timeout",
+        "timeout", "keys",
     }  # fmt: skip
 
     async def say(user: str, text: str) -> str:

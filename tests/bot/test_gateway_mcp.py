@@ -1,0 +1,326 @@
+"""The gateway's MCP door (gateway/mcp.py) through the real service: an agent with an API
+key lists Greenlight's tools and calls them through the mcp SDK's own streamable HTTP
+client; calls that need approval wait for a person in (fake) Slack, and an approved call
+runs once, behind the execution gate."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import httpx2
+import pytest
+from mcp import Client, MCPError
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import Implementation
+
+from bot.server import Service
+from tests import ledger_tools
+from tests.bot.conftest import APPROVERS, SlackClient, in_channel
+from tests.fakes.slack_api import Call, FakeSlack
+
+OWNER, BOSS = "UALICE", "UBOSS"
+
+
+async def new_key(service: Service, team: str, name: str = "ci", user: str = OWNER) -> str:
+    assert service.deps is not None
+    return (await service.deps.keys.create(team, user, name)).token
+
+
+@asynccontextmanager
+async def mcp_client(service: Service, token: str) -> AsyncIterator[Client]:
+    http = httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30.0, read=120.0)
+    )
+    transport = streamable_http_client(f"http://127.0.0.1:{service.port}/mcp", http_client=http)
+    try:
+        async with Client(
+            transport, client_info=Implementation(name="test-agent", version="1.2.3")
+        ) as client:
+            yield client
+    finally:
+        await http.aclose()
+
+
+async def card_for(slack: FakeSlack) -> Call:
+    [card] = await slack.wait_for("chat.postMessage", timeout=15, predicate=in_channel(APPROVERS))
+    return card
+
+
+async def test_tools_are_listed_under_their_policy_names(service: Service, team: str) -> None:
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        listed = {t.name: t for t in (await mcp.list_tools()).tools}
+    assert {"transferMoney", "getBalance"} <= set(listed)
+    assert "askHuman" not in listed  # the agent's own way to ask a person
+    assert set(listed["transferMoney"].input_schema["properties"]) == {"amount", "toAccount"}
+
+
+async def test_an_allowed_tool_runs_at_once(service: Service, team: str, ledger: Any) -> None:
+    assert service.deps is not None
+    await service.deps.workflow.policies.change(team, "getBalance", by="UADMIN", allowed=True)
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        result = await mcp.call_tool("getBalance", {"account": "A1"})
+    assert not result.is_error
+    assert result.structured_content == {"account": "A1", "balance": 100.0}
+    assert json.loads(result.content[0].text) == {"account": "A1", "balance": 100.0}  # type: ignore[union-attr]
+    assert ledger_tools.entries() == [{"tool": "getBalance", "account": "A1"}]
+
+
+async def test_a_call_waits_for_approval_and_runs_once(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str, ledger: Any
+) -> None:
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        call = asyncio.create_task(
+            mcp.call_tool("transferMoney", {"amount": 50, "toAccount": "X9"})
+        )
+        card = await card_for(fake_slack)
+        shown = json.dumps(card.args["blocks"])
+        assert f"<@{OWNER}>" in shown and "through key `ci`" in shown
+        assert "MCP client `test-agent 1.2.3`" in shown
+        assert not call.done() and ledger_tools.entries() == []
+        # Four eyes: the key's owner is the requester and cannot approve.
+        await client.click(team, OWNER, "approve", card)
+        await fake_slack.wait_for("chat.postEphemeral", timeout=10)
+        assert not call.done()
+        await client.click(team, BOSS, "approve", card)
+        result = await asyncio.wait_for(call, 30)
+    assert not result.is_error
+    assert result.structured_content is not None
+    assert result.structured_content["success"] is True
+    [ran] = ledger_tools.entries()
+    assert ran["tool"] == "transferMoney" and ran["amount"] == 50 and ran["key"]
+    assert result.structured_content["transactionId"] == f"txn-{ran['key']}"
+    # The trail names the door and the key; the metric counts the call.
+    assert service.deps is not None
+    trail = await service.deps.workflow.audit_trail(team, "transferMoney")
+    assert {e.action for e in trail} >= {"requested", "approved", "execution_started", "executed"}
+    assert all((e.detail["door"], e.detail["key"]) == ("mcp", "ci") for e in trail)
+    _, audit = await client.command(team, BOSS, "audit")
+    assert "via mcp, key `ci`" in audit
+    url = f"http://127.0.0.1:{service.port}/metrics"
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        metrics = await response.text()
+    assert 'greenlight_gateway_calls_total{door="mcp",outcome="approved"} 1.0' in metrics
+
+
+async def test_a_denied_call_runs_nothing_and_says_why(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str, ledger: Any
+) -> None:
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        call = asyncio.create_task(mcp.call_tool("transferMoney", {"amount": 5, "toAccount": "X"}))
+        card = await card_for(fake_slack)
+        await client.click(team, BOSS, "deny", card)
+        (opened,) = await fake_slack.wait_for("views.open", timeout=10)
+        reason = {"reason": {"reason": {"type": "plain_text_input", "value": "not today"}}}
+        await client.submit(team, BOSS, opened.args["view"], reason)
+        result = await asyncio.wait_for(call, 30)
+    assert result.is_error
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert "denied" in text and "not today" in text
+    assert ledger_tools.entries() == []
+
+
+async def test_invalid_arguments_name_the_field_and_ask_nobody(
+    service: Service, fake_slack: FakeSlack, team: str, ledger: Any
+) -> None:
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        with pytest.raises(MCPError) as raised:
+            await mcp.call_tool("transferMoney", {"amount": "lots", "toAccount": "X"})
+    assert "amount" in raised.value.error.message
+    assert fake_slack.calls_to("chat.postMessage") == []
+
+
+@pytest.mark.parametrize("header", [None, "Bearer glk_" + "x" * 30, "Bearer nope", "Basic abc"])
+async def test_a_missing_or_wrong_key_gets_401(service: Service, header: str | None) -> None:
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    if header is not None:
+        headers["Authorization"] = header
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"http://127.0.0.1:{service.port}/mcp", json=body, headers=headers) as response,
+    ):
+        assert response.status == 401
+
+
+async def test_a_revoked_key_gets_401(service: Service, team: str) -> None:
+    assert service.deps is not None
+    token = await new_key(service, team, "gone")
+    assert await service.deps.keys.revoke(team, OWNER, "gone")
+    with pytest.raises(Exception):  # noqa: B017 - the client raises on the 401
+        async with mcp_client(service, token) as mcp:
+            await mcp.list_tools()
+
+
+# -- Claude Code's permission prompt ---------------------------------------------------------
+
+
+async def test_approval_prompt_allows_with_the_input_once_approved(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str
+) -> None:
+    asked = {"tool_name": "Bash", "input": {"command": "ls -la"}, "tool_use_id": "toolu_1"}
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        assert "approval_prompt" in {t.name for t in (await mcp.list_tools()).tools}
+        call = asyncio.create_task(mcp.call_tool("approval_prompt", asked))
+        card = await card_for(fake_slack)
+        shown = json.dumps(card.args["blocks"])
+        assert "prompt.Bash" in shown and "ls -la" in shown
+        await client.click(team, BOSS, "approve", card)
+        result = await asyncio.wait_for(call, 30)
+    [content] = result.content
+    assert json.loads(content.text) == {  # type: ignore[union-attr]
+        "behavior": "allow",
+        "updatedInput": {"command": "ls -la"},
+    }
+
+
+async def test_approval_prompt_denies_with_the_reason(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str
+) -> None:
+    asked = {"tool_name": "Bash", "input": {"command": "rm -rf /"}}
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        call = asyncio.create_task(mcp.call_tool("approval_prompt", asked))
+        card = await card_for(fake_slack)
+        await client.click(team, BOSS, "deny", card)
+        (opened,) = await fake_slack.wait_for("views.open", timeout=10)
+        reason = {"reason": {"reason": {"type": "plain_text_input", "value": "never"}}}
+        await client.submit(team, BOSS, opened.args["view"], reason)
+        result = await asyncio.wait_for(call, 30)
+    answer = json.loads(result.content[0].text)  # type: ignore[union-attr]
+    assert answer["behavior"] == "deny" and "denied" in answer["message"]
+    assert "never" in answer["message"]
+
+
+async def test_a_prompt_policy_allows_a_claude_code_tool(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str
+) -> None:
+    _, done = await client.command(team, "UADMIN", "allow prompt.Read")
+    assert done.startswith("Done."), done
+    asked = {"tool_name": "Read", "input": {"file_path": "README.md"}}
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        result = await mcp.call_tool("approval_prompt", asked)
+    answer = json.loads(result.content[0].text)  # type: ignore[union-attr]
+    assert answer == {"behavior": "allow", "updatedInput": {"file_path": "README.md"}}
+    assert fake_slack.calls_to("chat.postMessage") == []
+
+
+# -- a caller that goes away, and one that waits long -----------------------------------------
+
+
+async def test_a_caller_that_goes_away_leaves_a_request_that_runs_nothing(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str, ledger: Any
+) -> None:
+    token = await new_key(service, team)
+
+    async def call_then_leave() -> None:
+        async with mcp_client(service, token) as mcp:
+            await mcp.call_tool("transferMoney", {"amount": 7, "toAccount": "GONE"})
+
+    caller = asyncio.create_task(call_then_leave())
+    card = await card_for(fake_slack)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    [update] = await fake_slack.wait_for(
+        "chat.update", timeout=15, predicate=lambda c: "went away" in json.dumps(c.args)
+    )
+    assert "nothing will run" in json.dumps(update.args["blocks"])
+    assert service.deps is not None
+    pending = await service.deps.workflow.pending(team)
+    assert [a.request.tool for a in pending] == ["transferMoney"]  # not cancelled
+    await client.click(team, BOSS, "approve", card)
+    await fake_slack.wait_for(
+        "chat.update", timeout=15, predicate=lambda c: "Approved by" in json.dumps(c.args)
+    )
+    assert ledger_tools.entries() == []
+
+
+async def test_a_waiting_call_hears_progress(
+    service: Service,
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    team: str,
+    monkeypatch: pytest.MonkeyPatch,
+    ledger: Any,
+) -> None:
+    from gateway import calls
+
+    monkeypatch.setattr(calls, "PROGRESS_SECONDS", 0.3)
+    heard: list[float] = []
+    got = asyncio.Event()
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append(progress)
+        got.set()
+
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        call = asyncio.create_task(
+            mcp.call_tool(
+                "transferMoney", {"amount": 1, "toAccount": "P"}, progress_callback=on_progress
+            )
+        )
+        card = await card_for(fake_slack)
+        await asyncio.wait_for(got.wait(), 15)
+        await client.click(team, BOSS, "approve", card)
+        result = await asyncio.wait_for(call, 30)
+    assert not result.is_error and heard and heard == sorted(heard)
+
+
+async def test_edit_and_approve_runs_the_edited_input_and_says_what_changed(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str, ledger: Any
+) -> None:
+    from tests.bot.test_edits import open_edit, values
+
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        call = asyncio.create_task(
+            mcp.call_tool("transferMoney", {"amount": 500, "toAccount": "E1"})
+        )
+        card = await card_for(fake_slack)
+        opened = await open_edit(client, fake_slack, team, card)
+        assert await client.submit(team, BOSS, opened.args["view"], values("300", "E1")) == (
+            200,
+            "",
+        )
+        result = await asyncio.wait_for(call, 30)
+    assert not result.is_error and result.structured_content is not None
+    assert result.structured_content["approved_with_changes"] == {
+        "amount": {"from": 500, "to": 300}
+    }
+    assert result.structured_content["output"]["success"] is True
+    [ran] = ledger_tools.entries()
+    assert ran["amount"] == 300
+
+
+async def test_two_replicas_run_an_approved_call_once(
+    service: Service,
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: Any,
+    bot_database: str,
+    team: str,
+    ledger: Any,
+) -> None:
+    """The call waits on one replica; the click lands on the other; it runs once, there."""
+    from tests.bot.conftest import bot_settings
+
+    other = Service(bot_settings(fake_slack, gemini, DATABASE_URL=bot_database), host="127.0.0.1")
+    await other.start()
+    try:
+        async with mcp_client(service, await new_key(service, team)) as mcp:
+            call = asyncio.create_task(
+                mcp.call_tool("transferMoney", {"amount": 9, "toAccount": "R2"})
+            )
+            card = await card_for(fake_slack)
+            there = SlackClient(client.http, other, fake_slack)
+            await asyncio.gather(
+                there.click(team, BOSS, "approve", card), client.click(team, BOSS, "approve", card)
+            )
+            result = await asyncio.wait_for(call, 30)
+    finally:
+        await other.stop()
+    assert not result.is_error
+    assert [e["tool"] for e in ledger_tools.entries()] == ["transferMoney"]
