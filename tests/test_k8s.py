@@ -18,7 +18,7 @@ from pydantic import SecretStr
 from agent import policy_file
 from bot import __version__
 from bot.server import SLACK_PATH
-from bot.settings import SHUTDOWN_GRACE, Settings
+from bot.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
@@ -89,7 +89,13 @@ def test_the_deployment_runs_two_probed_non_root_replicas_that_outlive_the_drain
     deployment = base["Deployment"]
     assert deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]["spec"]
-    assert pod["terminationGracePeriodSeconds"] > SHUTDOWN_GRACE
+    # Above the drain the bot is configured for: the ConfigMap's, else the setting's default.
+    config = next(
+        o for o in render(K8S) if o["kind"] == "ConfigMap" and "POLICY_FILE" in o.get("data", {})
+    )["data"]
+    default = Settings.model_fields["SHUTDOWN_GRACE_SECONDS"].default
+    grace = float(config.get("SHUTDOWN_GRACE_SECONDS") or default)
+    assert pod["terminationGracePeriodSeconds"] > grace
     assert pod["securityContext"]["runAsNonRoot"] is True
     (container,) = pod["containers"]
     for probe in ("readinessProbe", "livenessProbe"):
