@@ -271,7 +271,10 @@ async def test_refreshes_go_to_homes_opened_recently_and_at_most_so_many_a_minut
     fake_slack.members[APPROVERS] = [BOSS, ADMIN]
     asked = await ask(client, fake_slack, gemini, team)
     assert service.deps is not None and service.app is not None
-    deps, slack = service.deps, service.app.client
+    deps = service.deps
+    slack = service.app.client
+    for user in (BOSS, ADMIN):  # members of this workspace (the client names none)
+        fake_slack.users[user] = {"team_id": team}
     clock = [1000.0]
     tabs = home.HomeTabs(
         workflow=deps.workflow,
