@@ -183,6 +183,7 @@ def approval_middleware(
     questions: Collection[str],
     new_id: Callable[[], str],
     clock: Callable[[], datetime],
+    checks: Mapping[str, Callable[[Any], str | None]] | None = None,
     outside: Outside = contextlib.nullcontext,
     observer: Observer | None = None,
     timeouts: ToolTimeouts = DEFAULT_TOOL_TIMEOUTS,
@@ -191,13 +192,16 @@ def approval_middleware(
     """Build the middleware class bound to this application's store and policy.
 
     `questions`: the tools that only ask a person (agent/questions.py): they are neither
-    gated nor run, their calls become questions. `outside`: entered around each wait on the
-    model or a tool, so whoever runs the turn (bot/background.py) can give the turn's place
-    to other work meanwhile. `observer`: told how each approved call ended. `model_calls`:
-    entered (inside `outside`) around each model call, to cap the calls in flight (a
-    semaphore): the turns the cap holds back wait without a work slot.
+    gated nor run, their calls become questions. `checks`: per tool, what refuses a call
+    before any card, beyond its schema (a file write's path, agent/files.py). `outside`:
+    entered around each wait on the model or a tool, so whoever runs the turn
+    (bot/background.py) can give the turn's place to other work meanwhile. `observer`:
+    told how each approved call ended. `model_calls`: entered (inside `outside`) around
+    each model call, to cap the calls in flight (a semaphore): the turns the cap holds
+    back wait without a work slot.
     """
     observer = observer or Observer()
+    checks = checks or {}
     model_gate = model_calls or contextlib.nullcontext()
 
     async def run_approved(
@@ -339,9 +343,12 @@ def approval_middleware(
                     ask(scope, ref, args, policy)  # the tool asks a person: a question
                     why = str(metadata.get("message") or f"{tool} asks for input")
                     raise Interrupt({"asks": asked(args, metadata), "why": why}) from None
-            if (problem := invalid_input(params)) is not None:
+            problem = invalid_input(params)
+            if problem is None and (check := checks.get(tool)) is not None:
+                problem = check(args)
+            if problem is not None:
                 # An approver never sees (and never approves) a call that cannot run.
-                log.info("invalid input for %s; no approval asked: %s", tool, problem)
+                log.info("invalid input for %s; no approval asked", tool)  # no input logged
                 return MultipartToolResponse(output={"ok": False, "error": problem})
             if ref:
                 context = context or call_context(scope.conversation, ref, args)

@@ -12,10 +12,10 @@ import pytest
 
 from bot.server import Service
 from tests import ledger_tools
-from tests.bot.conftest import APPROVERS, SlackClient, in_channel, settle
-from tests.bot.test_e2e import ask, text_of
+from tests.bot.conftest import APPROVERS, SlackClient, in_channel, new_ts, settle
+from tests.bot.test_e2e import BOSS, REQUESTER, ask, reply_in_thread, said, text_of
 from tests.conftest import poll
-from tests.fakes.gemini import FakeGemini, text
+from tests.fakes.gemini import FakeGemini, function_call, text
 from tests.fakes.slack_api import Call, FakeSlack
 
 POLICY = """\
@@ -26,12 +26,20 @@ tools:
         approvals: 2
 """
 
+NOTES = "hello\nworld\n"
+
 
 @pytest.fixture
 def service_overrides(
     request: pytest.FixtureRequest, tmp_path: Path, fake_slack: FakeSlack, team: str
 ) -> dict[str, Any]:
     """POLICY_FILE for the tests that ask for "policy"; nothing for the others."""
+    if getattr(request, "param", None) == "files":
+        files = tmp_path / "files"
+        files.mkdir()
+        (files / "notes.txt").write_text(NOTES)
+        (files / "link.txt").symlink_to(files / "notes.txt")
+        return {"AGENT_FILES_ROOT": files}
     if getattr(request, "param", None) != "policy":
         return {}
     path = tmp_path / "policy.yml"
@@ -71,3 +79,62 @@ async def test_an_amount_sent_as_a_string_never_runs_on_one_approval(
     await settle(service)
     assert [e["amount"] for e in ledger_tools.entries()] == [250000]
     assert text_of(asked.note)
+
+
+# -- 5. File tools show the file that will really be written ----------------------------------
+
+
+@pytest.mark.parametrize("path", ["notes.txt ", "/notes.txt", "./notes.txt"])
+@pytest.mark.parametrize("service_overrides", ["files"], indirect=True)
+async def test_a_write_to_a_path_the_middleware_would_normalise_is_refused_before_a_card(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    service_overrides: dict[str, Any],
+    path: str,
+) -> None:
+    """Shown as one file, written as another: refused, and the model is told which path."""
+    gemini.script(
+        function_call("write_file", {"file_path": path, "content": "overwritten\n"}),
+        text("I will use the plain path."),
+    )
+    assert (await client.dm(team, REQUESTER, "write the notes", ts=new_ts()))[0] == 200
+    await said(fake_slack, "I will use the plain path.")
+    await settle(service)
+    assert [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(APPROVERS)(c)] == []
+    [response] = gemini.function_responses()
+    error = response["response"]["content"]["error"]
+    assert "not a plain path" in error and "'notes.txt'" in error and "nobody was asked" in error
+    assert (service_overrides["AGENT_FILES_ROOT"] / "notes.txt").read_text() == NOTES
+
+
+@pytest.mark.parametrize("service_overrides", ["files"], indirect=True)
+async def test_an_approved_write_shows_and_writes_the_file_it_resolves_to_once(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    service_overrides: dict[str, Any],
+) -> None:
+    """`link.txt` is a symlink to notes.txt: the card names notes.txt and diffs against its
+    content, and the approved write changes that file, once."""
+    root: Path = service_overrides["AGENT_FILES_ROOT"]
+    gemini.script(function_call("write_file", {"file_path": "link.txt", "content": "hi\n"}))
+    ts = new_ts()
+    assert (await client.dm(team, REQUESTER, "rewrite the notes", ts=ts))[0] == 200
+    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
+    shown = json.dumps(card.args["blocks"])
+    assert "--- a/notes.txt\\n+++ b/notes.txt\\n" in shown
+    assert "\\n-hello\\n-world\\n+hi\\n" in shown
+    assert (root / "notes.txt").read_text() == NOTES  # nothing written yet
+    gemini.script(text("Rewritten."))
+    assert (await client.click(team, BOSS, "approve", card))[0] == 200
+    assert (await client.click(team, BOSS, "approve", card))[0] == 200  # a double click
+    assert text_of(await reply_in_thread(fake_slack, ts)) == "Rewritten."
+    await settle(service)
+    assert (root / "notes.txt").read_text() == "hi\n" and (root / "link.txt").is_symlink()
+    [response] = gemini.function_responses()
+    assert response["name"] == "write_file" and "written successfully" in json.dumps(response)
