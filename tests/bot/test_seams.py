@@ -138,3 +138,43 @@ async def test_an_approved_write_shows_and_writes_the_file_it_resolves_to_once(
     assert (root / "notes.txt").read_text() == "hi\n" and (root / "link.txt").is_symlink()
     [response] = gemini.function_responses()
     assert response["name"] == "write_file" and "written successfully" in json.dumps(response)
+
+
+# -- 6. Everyone who shaped the call is a participant -----------------------------------------
+
+
+async def test_whoever_answered_the_turns_question_may_not_approve_what_it_led_to(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """Mallory answers "which account?" with ACC-MAL; the call to pay ACC-MAL lists her as a
+    participant, her Approve is refused, a third person's works."""
+    mallory, carol = "UMALLORY", "UCAROL"
+    question = {"question": "Which account?", "who": "approvers"}
+    gemini.script(function_call("askHuman", question, id="q1"))
+    ts = new_ts()
+    assert (await client.dm(team, REQUESTER, "pay the supplier 500", ts=ts))[0] == 200
+    (asked,) = await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
+    assert (await client.click(team, mallory, "answer", asked))[0] == 200
+    (opened,) = await fake_slack.wait_for("views.open")
+    pay = {"amount": 500, "toAccount": "ACC-MAL"}
+    gemini.script(function_call("transferMoney", pay, id="call-1"))
+    answer = {"answer": {"value": {"type": "plain_text_input", "value": "ACC-MAL"}}}
+    assert await client.submit(team, mallory, opened.args["view"], answer) == (200, "")
+    (card,) = await fake_slack.wait_for(
+        "chat.postMessage", predicate=card_shows("transferMoney"), count=1
+    )
+    assert f"<@{mallory}>" in json.dumps(card.args["blocks"])  # listed as a participant
+    await settle(service)
+
+    assert (await client.click(team, mallory, "approve", card))[0] == 200
+    (refused,) = await fake_slack.wait_for(
+        "chat.postEphemeral", predicate=lambda c: c.args.get("user") == mallory
+    )
+    await settle(service)
+    assert ledger_tools.entries() == [], text_of(refused)
+
+    gemini.script(text("Paid."))
+    assert (await client.click(team, carol, "approve", card))[0] == 200
+    await poll(lambda: len(ledger_tools.entries()) == 1, "the payment")
+    await settle(service)
+    assert [e["to"] for e in ledger_tools.entries()] == ["ACC-MAL"]
