@@ -31,7 +31,7 @@ from genkit.middleware import (
 from genkit.model import ModelResponse
 from pydantic import BaseModel, ValidationError
 
-from agent.context import as_provenance, call_context
+from agent.context import Index, as_provenance, call_context
 from agent.observer import ExecutionOutcome, Observer
 from agent.policy import Policy, PolicyService
 from agent.questions import asked
@@ -136,6 +136,8 @@ class TurnScope:
     conversation: list[Message] = field(default_factory=list)
     model: ModelCalls = field(default_factory=ModelCalls)
     model_time: ModelTime = field(default_factory=ModelTime)
+    # The conversation's provenance index, built once per model answer (agent/context.py).
+    indexes: dict[tuple[int, int], Index] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,7 @@ def approval_middleware(
     back wait without a work slot.
     """
     observer = observer or Observer()
-    checks = checks or {}
+    gates: Mapping[str, Callable[[Any], str | None]] = checks or {}
     model_gate = model_calls or contextlib.nullcontext()
 
     async def run_approved(
@@ -325,12 +327,12 @@ def approval_middleware(
             ref = request.ref if request else None
             policy = await policies.get(scope.team_id, tool)
             if tool in questions:  # it would only interrupt: it asks a person, unrun
-                ask(scope, ref, args, policy.for_call(args, scope.requester))
+                await ask(scope, ref, args, policy.for_call(args, scope.requester))
                 raise Interrupt({"asks": asked(args), "why": f"{tool} asks for input"})
             # What led to the call is traced only when a rule may read it or a human will.
             context = None
             if policy.rules and not policy.allowed:
-                context = call_context(scope.conversation, ref, args)
+                context = await context_of(scope, ref, args)
             sources = context.sources if context else {}
             policy = policy.for_call(args, scope.requester, as_provenance(args, sources))
             if policy.allowed:
@@ -340,28 +342,41 @@ def approval_middleware(
                 except (Interrupt, GenkitError) as exc:
                     if (metadata := asking(exc)) is None:
                         raise
-                    ask(scope, ref, args, policy)  # the tool asks a person: a question
+                    await ask(scope, ref, args, policy)  # the tool asks a person: a question
                     why = str(metadata.get("message") or f"{tool} asks for input")
                     raise Interrupt({"asks": asked(args, metadata), "why": why}) from None
             problem = invalid_input(params)
-            if problem is None and (check := checks.get(tool)) is not None:
+            if problem is None and (check := gates.get(tool)) is not None:
                 problem = check(args)
             if problem is not None:
                 # An approver never sees (and never approves) a call that cannot run.
                 log.info("invalid input for %s; no approval asked", tool)  # no input logged
                 return MultipartToolResponse(output={"ok": False, "error": problem})
             if ref:
-                context = context or call_context(scope.conversation, ref, args)
+                context = context or await context_of(scope, ref, args)
                 scope.calls[ref] = Called(policy, context)
             shown = await preview(tool, args)
             raise Interrupt({"why": policy.why, "preview": shown})
 
-    def ask(scope: TurnScope, ref: str | None, args: Any, policy: Policy) -> None:
+    async def ask(scope: TurnScope, ref: str | None, args: Any, policy: Policy) -> None:
         """Note a question's policy (where it goes, who may answer) and what led to it."""
         if ref:
-            scope.calls[ref] = Called(policy, call_context(scope.conversation, ref, args))
+            scope.calls[ref] = Called(policy, await context_of(scope, ref, args))
 
     return GreenlightApproval
+
+
+async def context_of(scope: TurnScope, ref: str | None, args: Any) -> Context:
+    """What led to a call, traced off the event loop (a long conversation takes a while)
+    against the conversation's index, built once for all the calls of one model answer."""
+    conversation = list(scope.conversation)
+    key = (len(conversation), id(conversation[-1]) if conversation else 0)
+    index = scope.indexes.get(key)
+    if index is None:
+        index = await asyncio.to_thread(Index, conversation)
+        scope.indexes.clear()  # the previous answer's: not needed again
+        scope.indexes[key] = index
+    return await asyncio.to_thread(call_context, conversation, ref, args, index)
 
 
 def asking(exc: BaseException) -> dict[str, Any] | None:
