@@ -173,9 +173,19 @@ class _Haystack:
         self.words: set[str] = set()
         for t in normal:
             self.words.update(_WORD.findall(t))
-        self.numbers: set[Decimal] = set()
-        for t in kept:
-            self.numbers.update(_numbers(t))
+        self._kept = kept
+        self._numbers: set[Decimal] | None = None
+
+    @property
+    def numbers(self) -> set[Decimal]:
+        """The numbers the text has, by value: read once, when a number is first looked up."""
+        if self._numbers is None:
+            raw: set[str] = set()
+            for t in self._kept:
+                raw.update(_NUMBER.findall(t))  # the same number written twice: parsed once
+            parsed = (_decimal(r.translate(_SEPARATORS)) for r in raw)
+            self._numbers = {n for n in parsed if n is not None}
+        return self._numbers
 
     def has(self, value: str | int | float) -> bool:
         if not isinstance(value, str):
@@ -208,13 +218,6 @@ def _wordy(char: str) -> bool:
 
 def _normal(text: str) -> str:
     return " ".join(text.casefold().split())
-
-
-def _numbers(text: str) -> Iterator[Decimal]:
-    for match in _NUMBER.finditer(text):
-        number = _decimal(match.group().translate(_SEPARATORS))
-        if number is not None:
-            yield number
 
 
 def _decimal(text: str) -> Decimal | None:
