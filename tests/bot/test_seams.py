@@ -178,3 +178,31 @@ async def test_whoever_answered_the_turns_question_may_not_approve_what_it_led_t
     await poll(lambda: len(ledger_tools.entries()) == 1, "the payment")
     await settle(service)
     assert [e["to"] for e in ledger_tools.entries()] == ["ACC-MAL"]
+
+
+async def test_whoever_denied_with_a_reason_may_not_approve_the_call_it_led_to(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """Dave denies "pay ACC-DEN instead"; the model is sent that and asks to pay ACC-DEN:
+    Dave's Approve of it is refused."""
+    dave, carol = "UDAVE", "UCAROL"
+    asked = await ask(client, fake_slack, gemini, team)
+    assert (await client.click(team, dave, "deny", asked.card))[0] == 200
+    (opened,) = await fake_slack.wait_for("views.open")
+    gemini.script(function_call("transferMoney", {"amount": 500, "toAccount": "ACC-DEN"}))
+    reason = {"reason": {"reason": {"type": "plain_text_input", "value": "pay ACC-DEN instead"}}}
+    assert await client.submit(team, dave, opened.args["view"], reason) == (200, "")
+    (_, card) = await fake_slack.wait_for(
+        "chat.postMessage", predicate=card_shows("transferMoney"), count=2
+    )
+    assert f"<@{dave}>" in json.dumps(card.args["blocks"])
+    await settle(service)
+    assert (await client.click(team, dave, "approve", card))[0] == 200
+    await fake_slack.wait_for("chat.postEphemeral", predicate=lambda c: c.args["user"] == dave)
+    await settle(service)
+    assert ledger_tools.entries() == []
+    gemini.script(text("Paid."))
+    assert (await client.click(team, carol, "approve", card))[0] == 200
+    await poll(lambda: len(ledger_tools.entries()) == 1, "the payment")
+    await settle(service)
+    assert [e["to"] for e in ledger_tools.entries()] == ["ACC-DEN"]
