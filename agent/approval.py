@@ -144,6 +144,7 @@ class TurnScope:
 class Called:
     policy: Policy
     context: Context
+    input: dict[str, Any] | None = None  # as the tool's schema validated it (version 1)
 
 
 current_scope: ContextVar[TurnScope | None] = ContextVar("greenlight_turn", default=None)
@@ -157,17 +158,29 @@ def jsonable(value: Any) -> Any:
 
 
 def stamp_refs(response: ModelResponse, new_id: Callable[[], str]) -> None:
-    """Give every tool request a ref unique within its message (Genkit matches on name+ref)."""
+    """Give every tool request a ref of ours (Genkit matches on name+ref), whatever the
+    model sent: one it chose could repeat an earlier call's and borrow its context or its
+    approval. NUL characters go from the calls' input: PostgreSQL cannot store them, and
+    what the approver sees, what is stored and what runs must be the same."""
     if response.message is None:
         return
-    seen: set[str] = set()
     for part in response.message.content:
         request = part.tool_request
         if request is None:
             continue
-        if request.ref is None or request.ref in seen:
-            request.ref = new_id()
-        seen.add(request.ref)
+        request.ref = new_id()
+        request.input = without_nul(request.input)
+
+
+def without_nul(value: Any) -> Any:
+    """`value` with every NUL character taken out of its strings (keys included)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_nul(v) for v in value]
+    return value
 
 
 Outside = Callable[[], AbstractAsyncContextManager[None]]
@@ -175,6 +188,21 @@ Outside = Callable[[], AbstractAsyncContextManager[None]]
 
 PREVIEW_TIMEOUT = 2.0  # seconds a tool's preview may take before the card goes without it
 PREVIEW_MAX = 20_000  # characters of a preview kept (a file write's diff, say); cards clip
+
+
+async def preview_of(previews: Mapping[str, Preview], tool: str, input: Any) -> str | None:
+    """The tool's preview of a call (of each version: an edit gets its own); "" when it
+    failed or took too long, None when the tool has none."""
+    make = previews.get(tool)
+    if make is None:
+        return None
+    try:
+        async with asyncio.timeout(PREVIEW_TIMEOUT):
+            text = await make(input if isinstance(input, dict) else {"value": input})
+    except Exception:
+        log.warning("the preview of %s failed or took over %ss", tool, PREVIEW_TIMEOUT)
+        return ""
+    return str(text)[:PREVIEW_MAX]
 
 
 def approval_middleware(
@@ -271,17 +299,8 @@ def approval_middleware(
         return result
 
     async def preview(tool: str, input: Any) -> str | None:
-        """The tool's preview of this call; "" when it failed or took too long."""
-        make = previews.get(tool)
-        if make is None:
-            return None
-        try:
-            async with outside(), asyncio.timeout(PREVIEW_TIMEOUT):
-                text = await make(input if isinstance(input, dict) else {"value": input})
-        except Exception:
-            log.warning("the preview of %s failed or took over %ss", tool, PREVIEW_TIMEOUT)
-            return ""
-        return str(text)[:PREVIEW_MAX]
+        async with outside():
+            return await preview_of(previews, tool, input)
 
     class GreenlightApproval(BaseMiddleware[Any]):
         async def wrap_model(
@@ -323,12 +342,21 @@ def approval_middleware(
                     return await run_approved(approval_id, scope, params, ctx, next_fn)
                 # Approval metadata with no recorded approval behind it is not trusted.
             request = params.tool_request_part.tool_request
-            args = request.input if request else None
+            raw = request.input if request else None
             ref = request.ref if request else None
             policy = await policies.get(scope.team_id, tool)
             if tool in questions:  # it would only interrupt: it asks a person, unrun
-                await ask(scope, ref, args, policy.for_call(args, scope.requester))
-                raise Interrupt({"asks": asked(args), "why": f"{tool} asks for input"})
+                await ask(scope, ref, raw, policy.for_call(raw, scope.requester))
+                raise Interrupt({"asks": asked(raw), "why": f"{tool} asks for input"})
+            # Policy reads the call as the tool's schema takes it, never the raw arguments.
+            args, errors = coerced(params.tool, raw)
+            problem = invalid_problem(tool, errors) if errors else None
+            if problem is None and (check := gates.get(tool)) is not None:
+                problem = check(raw)  # a file write's path, say (agent/files.py)
+            if problem is not None and not policy.allowed:
+                # An approver never sees (and never approves) a call that cannot run.
+                log.info("invalid input for %s; no approval asked", tool)
+                return MultipartToolResponse(output={"ok": False, "error": problem})
             # What led to the call is traced only when a rule may read it or a human will.
             context = None
             if policy.rules and not policy.allowed:
@@ -342,19 +370,12 @@ def approval_middleware(
                 except (Interrupt, GenkitError) as exc:
                     if (metadata := asking(exc)) is None:
                         raise
-                    await ask(scope, ref, args, policy)  # the tool asks a person: a question
+                    await ask(scope, ref, raw, policy)  # the tool asks a person: a question
                     why = str(metadata.get("message") or f"{tool} asks for input")
-                    raise Interrupt({"asks": asked(args, metadata), "why": why}) from None
-            problem = invalid_input(params)
-            if problem is None and (check := gates.get(tool)) is not None:
-                problem = check(args)
-            if problem is not None:
-                # An approver never sees (and never approves) a call that cannot run.
-                log.info("invalid input for %s; no approval asked", tool)  # no input logged
-                return MultipartToolResponse(output={"ok": False, "error": problem})
+                    raise Interrupt({"asks": asked(raw, metadata), "why": why}) from None
             if ref:
                 context = context or await context_of(scope, ref, args)
-                scope.calls[ref] = Called(policy, context)
+                scope.calls[ref] = Called(policy, context, args)
             shown = await preview(tool, args)
             raise Interrupt({"why": policy.why, "preview": shown})
 
@@ -387,15 +408,12 @@ def asking(exc: BaseException) -> dict[str, Any] | None:
     return found.metadata if isinstance(found.metadata, dict) else {}
 
 
-def invalid_input(params: ToolHookParams) -> str | None:
+def invalid_problem(tool: str, errors: Mapping[str, str]) -> str:
     """What is wrong with a call's input by its tool's own schema, said so that the model can
-    correct it; None when the input is valid (or the tool declares no schema)."""
-    request = params.tool_request_part.tool_request
-    if request is None or not (errors := input_errors(params.tool, request.input)):
-        return None
+    correct it."""
     problems = "; ".join(f"{field}: {message}" for field, message in list(errors.items())[:10])
     return (
-        f"invalid input for {params.tool.name} ({problems}); it did not run and nobody was "
+        f"invalid input for {tool} ({problems}); it did not run and nobody was "
         "asked to approve it. Correct the input and call the tool again."
     )
 
@@ -403,16 +421,64 @@ def invalid_input(params: ToolHookParams) -> str | None:
 def input_errors(tool: Action, value: Any) -> dict[str, str]:
     """What is wrong with `value` as the tool's input, by its own schema, by field ("input"
     for the whole); {} when it is valid or the tool declares no schema."""
+    return coerced(tool, value)[1]
+
+
+def coerced(tool: Action, value: Any) -> tuple[Any, dict[str, str]]:
+    """`value` as the tool's schema validates and coerces it ("250000" for a number field
+    becomes 250000; keys the schema does not take are dropped), and what is wrong with it
+    by field ({}: it is valid). The tool itself gets exactly this, so policy and approvers
+    are shown it. Wherever the schema leaves a value as it was, the value is kept as given
+    (an integer 500 stays 500, not 500.0). A tool with a JSON schema and no Python type (an
+    MCP server's `inputSchema`) is checked against the schema and takes `value` as it is; a
+    tool without a schema takes it unchecked."""
     if tool.input_type is None:
-        return {}
+        schema = tool.input_schema
+        if not isinstance(schema, dict) or not schema:
+            return value, {}
+        import jsonschema  # only tools with a bare JSON schema (MCP) need it
+
+        found: dict[str, str] = {}
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        for error in validator.iter_errors(value):
+            found.setdefault(
+                ".".join(str(p) for p in error.absolute_path) or "input", error.message
+            )
+        return value, found
     try:
-        tool.input_type.validate_python(value)
+        valid = tool.input_type.validate_python(value)
     except ValidationError as exc:
         errors: dict[str, str] = {}
         for e in exc.errors():
             errors.setdefault(".".join(str(p) for p in e["loc"]) or "input", e["msg"])
-        return errors
-    return {}
+        return value, errors
+    dumped = tool.input_type.dump_python(valid, mode="json", by_alias=True, exclude_unset=True)
+    return _kept(value, dumped), {}
+
+
+def _kept(given: Any, valid: Any) -> Any:
+    """`valid`, with each part that equals `given`'s (as JSON values) taken from `given`."""
+    if same_value(given, valid):
+        return given
+    if isinstance(given, dict) and isinstance(valid, dict):
+        return {k: _kept(given[k], v) if k in given else v for k, v in valid.items()}
+    if isinstance(given, list) and isinstance(valid, list) and len(given) == len(valid):
+        return [_kept(g, v) for g, v in zip(given, valid, strict=True)]
+    return valid
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two JSON values are the same value: numbers by value (500 is 500.0), but a
+    boolean is never a number, nor a string anything else."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and bool(a == b)
 
 
 async def run_edited(
@@ -430,15 +496,16 @@ async def run_edited(
     the approval id (`resumed_metadata`) and the input it was asked for (`original_input`).
     Only a call whose start is recorded here runs; any other caller changes nothing. One
     that runs past `seconds` is stopped and stays "started" (outcome unknown)."""
-    assert approval.edit is not None
+    version = approval.current
+    assert version.edit is not None
     try:
         await store.start_execution(approval, now=clock())
     except IllegalTransition:
         return  # started before (a crash, or another replica): the record answers it
     r = approval.request
-    meta = {"tool_approved": True, "approval_id": approval.id, "approved_by": approval.edit.by}
+    meta = {"tool_approved": True, "approval_id": approval.id, "approved_by": version.edit.by}
     part = Part(
-        tool_request=ToolRequest(name=r.tool, ref=r.ref or None, input=approval.edit.input),
+        tool_request=ToolRequest(name=r.tool, ref=r.ref or None, input=version.input),
         metadata={"resumed": meta, "replacedInput": r.input},
     )
     limit = asyncio.timeout(seconds)

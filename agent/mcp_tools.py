@@ -14,85 +14,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent, Tool as McpTool, ToolAnnotations
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from agent.mcp_config import McpServer
 
 if TYPE_CHECKING:
     from agent.runtime import AgentRuntime
 
 log = logging.getLogger(__name__)
 
-# A server's name starts each of its tools' names; with the dot and the tool's own name it must
-# stay a valid model function name (Gemini: letters, digits, `_.:-`, at most 64 characters).
-SERVER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+# `<server>.<tool>` must stay a valid model function name (Gemini: letters, digits, `_.:-`,
+# at most 64 characters); agent/mcp_config.py checks the server part.
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 NAME_MAX = 64
 CALL_TIMEOUT = 120.0  # seconds a call may take; past it the outcome is unknown, not retried
 LIST_TIMEOUT = 30.0  # seconds for connecting and listing the tools
 PROBE_INTERVAL = 30.0  # seconds between checks that a connected server still answers
 RESULT_MAX = 20_000  # characters of a tool's text result passed on to the model
-
-
-def _server_name(value: str) -> str:
-    if not SERVER_NAME.match(value):
-        raise ValueError(
-            f"MCP server name {value!r} must start with a letter and have only letters, "
-            "digits, _ and - (at most 32): it starts the names of its tools"
-        )
-    return value
-
-
-ServerName = Annotated[str, AfterValidator(_server_name)]
-
-
-class McpServer(BaseModel):
-    """One server: stdio (`command`, `args`, `env`) or streamable HTTP (`url`, `headers`).
-    Env and header values are secrets: they never reach logs."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    command: str | None = Field(default=None, min_length=1)
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, SecretStr] = Field(default_factory=dict)
-    url: str | None = None
-    headers: dict[str, SecretStr] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _one_transport(self) -> McpServer:
-        if (self.command is None) == (self.url is None):
-            raise ValueError("needs exactly one of `command` (stdio) or `url` (streamable HTTP)")
-        if self.command is not None and self.headers:
-            raise ValueError("`headers` go with `url`, not with `command`")
-        if self.url is not None and (self.args or self.env):
-            raise ValueError("`args` and `env` go with `command`, not with `url`")
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ValueError("`url` must start with http:// or https://")
-        return self
-
-
-McpServers = dict[ServerName, McpServer]
-
-
-def parse_servers(value: object) -> object:
-    """MCP_SERVERS as given in the environment: JSON text (a mapping of server name to its
-    config); a clear error rather than the settings library's own."""
-    if not isinstance(value, str):
-        return value
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
+TOOLS_MAX = 200  # tools one server may offer; the rest of a longer list are left out
 
 
 def hint(annotations: ToolAnnotations | None) -> str:
@@ -212,7 +161,7 @@ class McpTools:
                     client = self._client(link.config, stack)
                     async with asyncio.timeout(LIST_TIMEOUT):
                         await stack.enter_async_context(client)
-                        listed = await self._list(client)
+                        listed = await self._list(client, link.name)
                     link.client = client
                     link.dropped.clear()
                     await self._added(self._register(link, listed))
@@ -237,15 +186,21 @@ class McpTools:
             delay = min(delay * 2, self._backoff.most)
 
     @staticmethod
-    async def _list(client: Client) -> list[McpTool]:
+    async def _list(client: Client, server: str) -> list[McpTool]:
+        """The server's tools, the first TOOLS_MAX of them: every tool's name, description
+        and schema go to the model on every turn, so a server cannot flood its context."""
         tools: list[McpTool] = []
         cursor: str | None = None
         for _ in range(100):  # a paginator that never ends cannot hang the start
             page = await client.list_tools(cursor=cursor, cache_mode="refresh")
             tools += page.tools
-            if (cursor := page.next_cursor) is None:
+            if (cursor := page.next_cursor) is None or len(tools) > TOOLS_MAX:
                 break
-        return tools
+        if len(tools) > TOOLS_MAX:
+            log.warning(
+                "MCP server %s lists over %d tools: the rest are left out", server, TOOLS_MAX
+            )
+        return tools[:TOOLS_MAX]
 
     async def _watch(self, link: _Link, client: Client) -> None:
         """Until the connection is lost: a call saw it closed, or a periodic listing failed.
@@ -257,7 +212,7 @@ class McpTools:
                     return
             try:
                 async with asyncio.timeout(LIST_TIMEOUT):
-                    listed = await self._list(client)
+                    listed = await self._list(client, link.name)
             except Exception as exc:
                 log.warning("MCP server %s: stopped answering (%s)", link.name, _reason(exc))
                 return
@@ -313,7 +268,8 @@ class McpTools:
                     link.dropped.set()  # its task reconnects; this call is not resent
                 if exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
                     return _unknown(link.name, name)
-                log.info("MCP server %s answered %s with an error: %s", link.name, name, exc)
+                # Its message may quote the call's input: the model gets it, the log does not.
+                log.info("MCP server %s answered %s with error %s", link.name, name, exc.code)
                 return {"ok": False, "error": f"{name} failed: {exc.message[:500]}"}
             except Exception as exc:  # a broken transport: the outcome is unknown
                 log.warning("MCP call of %s: no answer (%s)", name, _reason(exc))

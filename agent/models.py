@@ -7,6 +7,7 @@ optional extras (`pip install 'greenlight[anthropic]'`) that an install may not 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
@@ -55,21 +56,26 @@ def plugin_module(prefix: str) -> ModuleType:
     try:
         return importlib.import_module(wanted.module)
     except ImportError:
-        raise ModelPluginError(
-            f"{prefix}/ models need the {wanted.module} plugin, which is not installed: "
-            f"pip install 'greenlight[{wanted.extra}]'"
-        ) from None
+        raise ModelPluginError(_not_installed(prefix)) from None
+
+
+def _not_installed(prefix: str) -> str:
+    wanted = PROVIDERS[prefix]
+    return (
+        f"{prefix}/ models need the {wanted.module} plugin, which is not installed: "
+        f"pip install 'greenlight[{wanted.extra}]'"
+    )
 
 
 def missing_plugins(models: Iterable[str]) -> list[str]:
-    """One problem per known prefix among `models` whose plugin cannot be imported."""
+    """One problem per known prefix among `models` whose plugin is not installed. Looked up,
+    not imported: a configuration error is then printed at once, not after the seconds a
+    provider's SDK takes to import (a plugin that is there but fails to import is the same
+    ModelPluginError at start, from `plugin_module`)."""
     problems = []
     for prefix in dict.fromkeys(provider(m) for m in models):
-        if prefix in PROVIDERS:
-            try:
-                plugin_module(prefix)
-            except ModelPluginError as exc:
-                problems.append(str(exc))
+        if prefix in PROVIDERS and importlib.util.find_spec(PROVIDERS[prefix].module) is None:
+            problems.append(_not_installed(prefix))
     return problems
 
 

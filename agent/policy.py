@@ -14,14 +14,15 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
-
-import cel
+from typing import TYPE_CHECKING, Any, Literal
 
 from agent.context import as_provenance
 from agent.policy_file import PolicyFile, compiled
 from storage.lifecycle import Request
 from storage.policies import PolicyStore, StoredPolicy
+
+if TYPE_CHECKING:
+    import cel
 
 POLICY_FILE_ACTOR = "policy-file"  # who the audit trail says changed what the file sets
 
@@ -47,6 +48,19 @@ class PolicyDefaults:
     allowed: frozenset[str] = frozenset()
 
 
+def policy_defaults(
+    file: PolicyFile | None, *, channel: str | None, timeout: timedelta
+) -> PolicyDefaults:
+    """The defaults in force: POLICY_FILE's `defaults`, else APPROVER_CHANNEL and
+    APPROVAL_TIMEOUT_SECONDS (`timeout`); one approval."""
+    given = file.defaults if file is not None else None
+    return PolicyDefaults(
+        channel=channel,
+        timeout=(given.timeout if given else None) or timeout,
+        approvals=(given.approvals if given else None) or 1,
+    )
+
+
 class RuleError(Exception):
     """A rule's expression could not be evaluated for this call."""
 
@@ -61,6 +75,11 @@ class Rule:
     channel: str | None = None
     approvers: tuple[str, ...] | None = None
     timeout: timedelta | None = None
+    name: str | None = None  # what POLICY_FILE calls it: cards, explain, `policy test`
+
+    def label(self, number: int) -> str:
+        """`rule 2 (large transfers)`: how cards and replies name it."""
+        return f"rule {number} ({self.name})" if self.name else f"rule {number}"
 
     def matches(self, call: cel.Context) -> bool:
         """Whether the call (its `args`, `tool` and `requester`) matches."""
@@ -74,7 +93,7 @@ class Rule:
 
     def as_stored(self) -> dict[str, Any]:
         out: dict[str, Any] = {"when": self.when}
-        for key in ("allow", "approvals", "channel"):
+        for key in ("allow", "approvals", "channel", "name"):
             if (value := getattr(self, key)) is not None:
                 out[key] = value
         if self.approvers is not None:
@@ -94,6 +113,7 @@ class Rule:
             channel=data.get("channel"),
             approvers=None if approvers is None else tuple(approvers),
             timeout=None if seconds is None else timedelta(seconds=seconds),
+            name=data.get("name"),
         )
 
 
@@ -115,6 +135,8 @@ class Policy:
     approvals: int = 1  # distinct approvers needed
     rules: tuple[Rule, ...] = ()
     note: str | None = None  # which rule decided this call's policy, or could not
+    matched: Rule | None = None  # the rule that decided this call's policy
+    failed: Rule | None = None  # the rule that could not be evaluated for this call
     remind_after: timedelta | None = None
     escalate_after: timedelta | None = None
     escalate_to: str | None = None
@@ -151,6 +173,8 @@ class Policy:
         argument came from (agent/context.py), for rules that ask."""
         if self.allowed or not self.rules:
             return replace(self, rules=())
+        import cel  # only where rules are set (agent/policy_file.py, `compiled`)
+
         # Converted to CEL once for every rule: a twentieth of the cost of once per rule.
         call = cel.Context(
             {
@@ -165,13 +189,15 @@ class Policy:
                 hit = rule.matches(call)
             except RuleError as exc:
                 return self._strictest(
-                    f"rule {number} (`{rule.when}`) could not be evaluated ({exc})"
+                    f"{rule.label(number)} (`{rule.when}`) could not be evaluated ({exc})", rule
                 )
             if hit:
-                return self._applied(rule, note=f"rule {number} matched: `{rule.when}`")
+                return self._applied(
+                    rule, note=f"{rule.label(number)} matched: `{rule.when}`", matched=rule
+                )
         return replace(self, rules=())
 
-    def _applied(self, rule: Rule, *, note: str) -> Policy:
+    def _applied(self, rule: Rule, *, note: str, matched: Rule | None = None) -> Policy:
         users, groups = (
             split_principals(rule.approvers)
             if rule.approvers is not None
@@ -187,21 +213,25 @@ class Policy:
             approver_groups=groups,
             timeout=rule.timeout or self.timeout,
             note=note,
+            matched=matched,
         )
 
-    def _strictest(self, failed: str) -> Policy:
+    def _strictest(self, failed: str, rule: Rule) -> Policy:
         """A call a rule could not judge gets the strictest outcome any rule could give: the
         most approvals, with that rule's route, and never runs freely. A wrong type or a
         missing field must not be a way to fewer approvers (fail safe, not merely closed)."""
         most = max(self.rules, key=lambda r: r.approvals or self.approvals)
         if (most.approvals or self.approvals) <= self.approvals:
-            return replace(self, rules=(), allowed=False, note=f"{failed}; it needs approval")
+            return replace(
+                self, rules=(), allowed=False, note=f"{failed}; it needs approval", failed=rule
+            )
         strict = replace(most, allow=False, timeout=None)
         number = self.rules.index(most) + 1
         return replace(
             self._applied(strict, note=""),
-            note=f"{failed}; the strictest rule applies (rule {number}: "
+            note=f"{failed}; the strictest rule applies ({most.label(number)}: "
             f"{strict.approvals or self.approvals} approvals)",
+            failed=rule,
         )
 
 
@@ -220,9 +250,11 @@ class ApproverFacts:
     # The same for the escalation channel, once a request was escalated there.
     in_escalation_channel: bool = False
     public_escalation_channel: bool = False
+    # A guest, or a person of another organisation (Slack Connect): never an approver.
+    outsider: bool = False
 
 
-Refusal = Literal["self_approval", "participant", "not_an_approver", "public_channel"]
+Refusal = Literal["self_approval", "participant", "outsider", "not_an_approver", "public_channel"]
 
 
 def refusal(
@@ -247,6 +279,8 @@ def refusal(
         return "self_approval"
     if approver in participants:
         return "participant"
+    if facts.outsider:
+        return "outsider"
     why = _may_decide(
         approver,
         facts,
@@ -285,7 +319,8 @@ def _may_decide(
     return None if in_channel else "not_an_approver"
 
 
-def _effective(tool: str, stored: StoredPolicy | None, defaults: PolicyDefaults) -> Policy:
+def effective(tool: str, stored: StoredPolicy | None, defaults: PolicyDefaults) -> Policy:
+    """The policy a stored row gives `tool`, defaults applied (None: nobody configured it)."""
     if stored is None:
         return Policy(
             tool=tool,
@@ -342,11 +377,11 @@ class PolicyService:
 
     def of(self, tool: str, stored: StoredPolicy | None) -> Policy:
         """The policy a stored row (read with something else) gives, defaults applied."""
-        return _effective(tool, stored, self._defaults)
+        return effective(tool, stored, self._defaults)
 
     async def all(self, team_id: str) -> list[Policy]:
         stored = {p.tool: p for p in await self._store.all(team_id)}
-        return [_effective(t, stored.get(t), self._defaults) for t in self.known_tools()]
+        return [effective(t, stored.get(t), self._defaults) for t in self.known_tools()]
 
     async def apply_file(
         self, team_id: str, file: PolicyFile, only: Collection[str] | None = None
@@ -379,7 +414,7 @@ class PolicyService:
             changes=changes,
             allowed_when_new=tool in self._defaults.allowed,
         )
-        return _effective(tool, stored, self._defaults)
+        return effective(tool, stored, self._defaults)
 
 
 def from_file(tool: str, file: PolicyFile) -> dict[str, Any]:
@@ -396,6 +431,7 @@ def from_file(tool: str, file: PolicyFile) -> dict[str, Any]:
             channel=r.channel,
             approvers=None if r.approvers is None else tuple(r.approvers),
             timeout=r.timeout,
+            name=r.name,
         ).as_stored()
         for r in spec.rules
     ]

@@ -13,13 +13,15 @@ import re
 from collections.abc import Collection, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import cel
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from agent.mcp_tools import McpServers
+from agent.mcp_config import McpServers
+
+if TYPE_CHECKING:
+    import cel
 
 DURATION = re.compile(r"^(\d{1,6})([smhd])$")
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -61,8 +63,10 @@ class _Strict(BaseModel):
 
 
 class RuleSpec(_Strict):
-    """First match wins: `when` is a CEL expression over `args`, `tool` and `requester`."""
+    """First match wins: `when` is a CEL expression over `args`, `tool` and `requester`;
+    `name` is how cards, `/approvals explain` and `greenlight policy test` refer to it."""
 
+    name: Annotated[str, Field(min_length=1, max_length=80)] | None = None
     when: str
     allow: bool | None = None
     approvals: Quorum | None = None
@@ -99,12 +103,20 @@ class PolicyFile(_Strict):
 @functools.lru_cache(maxsize=1024)
 def compiled(expression: str) -> cel.Program:
     """Each rule's expression is compiled once: POLICY_FILE's at start, as they are checked
-    (ValueError if one does not compile)."""
+    (ValueError if one does not compile). The CEL package is imported here, on first use:
+    its `__init__` loads a command-line interface besides (~0.4 s of start-up)."""
+    import cel
+
     return cel.compile(expression)
 
 
 class PolicyFileError(ValueError):
-    """What is wrong with the file, where: `<file>, line <n>: <problem>`."""
+    """What is wrong with the file, where: a `<file>, line <n>: <problem>` line per problem
+    (`problems`), so one run of `greenlight policy check` names every one."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
 
 
 def load(path: Path) -> PolicyFile:
@@ -112,21 +124,29 @@ def load(path: Path) -> PolicyFile:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise PolicyFileError(f"{path}: cannot be read ({exc.strerror})") from None
+        raise PolicyFileError([f"{path}: cannot be read ({exc.strerror})"]) from None
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else "?"
-        raise PolicyFileError(f"{path}, line {line}: not valid YAML ({exc.problem})") from None
+        raise PolicyFileError([f"{path}, line {line}: not valid YAML ({exc.problem})"]) from None
+    if twice := _duplicate_key(root):
+        key, line = twice
+        raise PolicyFileError(
+            [f"{path}, line {line}: {key!r} is given twice (YAML keeps the last)"]
+        )
     try:
         policy = PolicyFile.model_validate(data or {})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = _line(root, first["loc"])
-        field = ".".join(str(p) for p in first["loc"]) or "the file"
-        message = str(first["msg"]).removeprefix("Value error, ")
-        raise PolicyFileError(f"{path}, line {where}: {field}: {message}") from None
+        problems = []
+        for error in exc.errors():
+            where = _line(root, error["loc"])
+            field = ".".join(str(p) for p in error["loc"]) or "the file"
+            message = str(error["msg"]).removeprefix("Value error, ")
+            problems.append(f"{path}, line {where}: {field}: {message}")
+        raise PolicyFileError(problems) from None
+    problems = []
     for tool, spec in policy.tools.items():
         for i, rule in enumerate(spec.rules):
             try:
@@ -134,10 +154,30 @@ def load(path: Path) -> PolicyFile:
             except ValueError as exc:
                 where = _line(root, ("tools", tool, "rules", i, "when"))
                 problem = str(exc).splitlines()[0]
-                raise PolicyFileError(
+                problems.append(
                     f"{path}, line {where}: the rule's `when` does not compile: {problem}"
-                ) from None
+                )
+    if problems:
+        raise PolicyFileError(problems)
     return policy
+
+
+def _duplicate_key(node: yaml.Node | None) -> tuple[str, int] | None:
+    """The first key a mapping repeats, and its second line: YAML silently keeps the last
+    one, so a second `transferMoney:` would quietly replace the first one's policy."""
+    if isinstance(node, yaml.MappingNode):
+        seen: set[object] = set()
+        for key, value in node.value:
+            if key.value in seen:
+                return str(key.value), key.start_mark.line + 1
+            seen.add(key.value)
+            if found := _duplicate_key(value):
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            if found := _duplicate_key(item):
+                return found
+    return None
 
 
 def tool_timeouts(policy: PolicyFile | None) -> dict[str, timedelta]:
@@ -169,14 +209,17 @@ def check_tools(
     text = path.read_text()
     root = yaml.compose(text, Loader=yaml.SafeLoader)
     known = {*known, *(t for t in [*policy.allow, *policy.tools] if t.split(".")[0] in servers)}
+    problems = []
     for i, tool in enumerate(policy.allow):
         if tool not in known:
             where = _line(root, ("allow", i))
-            raise PolicyFileError(f"{path}, line {where}: allow: no tool {tool!r}; {_known(known)}")
+            problems.append(f"{path}, line {where}: allow: no tool {tool!r}; {_known(known)}")
     for tool in policy.tools:
         if tool not in known:
             where = _line(root, ("tools", tool), key=True)
-            raise PolicyFileError(f"{path}, line {where}: tools: no tool {tool!r}; {_known(known)}")
+            problems.append(f"{path}, line {where}: tools: no tool {tool!r}; {_known(known)}")
+    if problems:
+        raise PolicyFileError(problems)
 
 
 def _known(known: Collection[str]) -> str:

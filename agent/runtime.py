@@ -58,6 +58,8 @@ class AgentRuntime:
     offered: list[Tool] = field(default_factory=list)
     # A line for the approvers about where a tool comes from (an MCP server's hints).
     notes: dict[str, str] = field(default_factory=dict)
+    # Each tool's preview (the middleware's own map): an edited call gets one too.
+    previews: Mapping[str, Preview] = field(default_factory=dict)
 
     def describe(self, tool: str) -> str:
         """The tool's description, for the people deciding on its calls."""
@@ -177,4 +179,5 @@ def build_runtime(
         questions=frozenset(loaded.interrupts),
         mounted=dict(mounted_tools or {}),
         offered=loaded.tools,
+        previews=previews,
     )

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from types import EllipsisType
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, assert_never
 
 from genkit import Part
@@ -32,11 +32,13 @@ from agent.approval import (
     DEFAULT_TOOL_TIMEOUTS,
     ToolTimeouts,
     TurnScope,
+    coerced,
     current_scope,
-    input_errors,
     interrupt_note,
+    preview_of,
     recorded,
     run_edited,
+    same_value,
 )
 from agent.context import Line, as_provenance, conversation_lines, human_message
 from agent.observer import DecisionOutcome, Observer, TurnOutcomeName
@@ -169,8 +171,8 @@ class Resumed:
 RefusalReason = (
     Refusal
     | Literal["not_found", "already_decided", "already_voted"]
-    # Changed since the approver saw it; changes that would need more approvers.
-    | Literal["changed", "needs_more_approvers"]
+    # The approver saw another version than the current one.
+    | Literal["changed"]
     # A question answers no Approve or Deny; only the requester answers what asks them.
     | Literal["a_question", "not_a_question", "not_the_requester"]
 )
@@ -182,6 +184,11 @@ class InvalidAnswer(ValueError):
     def __init__(self, errors: dict[str, str]) -> None:
         super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
         self.errors = errors
+
+
+class EditRefused(InvalidAnswer):
+    """An edit whose new version would move the decision (elsewhere, to other people, or to
+    more of them): by field, why; nothing changed."""
 
 
 class DecisionRefused(Exception):
@@ -323,7 +330,7 @@ class Workflow:
             return Failed(thread)
         scope = TurnScope(thread.team_id, requester, participants=held.participants)
         message = human_message(text, by=requester, at=now, viewing=viewing)
-        heartbeat = asyncio.create_task(self._keep_thread(held.conversation_id))
+        heartbeat = asyncio.create_task(self._keep_thread(held.conversation_id, now + self._lease))
         try:
             out = await self._run(
                 scope,
@@ -371,7 +378,15 @@ class Workflow:
             participants=shaped_by(asked.participants, claim.approvals),
             approvals={a.id: a for a in claim.approvals},
         )
-        heartbeat = asyncio.create_task(self._keep_lease(claim))
+        resume = asyncio.current_task()
+        lost = asyncio.Event()
+
+        def stop() -> None:  # the lease is lost: whatever this resume still does is no one's
+            lost.set()
+            if resume is not None:
+                resume.cancel()
+
+        heartbeat = asyncio.create_task(self._keep_lease(claim, now + self._lease, stop))
         try:
             approvals = await self._run_edited(claim)
             respond, restart = resume_parts(approvals, self._forms)
@@ -384,6 +399,9 @@ class Workflow:
         except asyncio.CancelledError:
             heartbeat.cancel()
             await self._let_go(claim)
+            if lost.is_set() and resume is not None and resume.uncancel() == 0:
+                log.error("turn %s lost its lease; its resume stopped", turn_id)
+                return None
             raise
         except Exception:
             log.exception(
@@ -523,9 +541,9 @@ class Workflow:
         policy: Policy | None = None,
     ) -> None:
         """DecisionRefused unless `person` may decide this request (agent/policy.py), under
-        its tool's policy for the call as asked (or `policy`, given)."""
+        its tool's policy for the current version (or `policy`, given)."""
         r = approval.request
-        policy = policy or self._policies.of(r.tool, stored).for_request(r)
+        policy = policy or self._for_version(self._policies.of(r.tool, stored), approval)
         if callable(facts):
             facts = await facts(approval, policy)
         why = refusal(
@@ -548,18 +566,34 @@ class Workflow:
         approve: bool,
         reason: str | None = None,
         facts: Facts | None = None,
-        seen: datetime | EllipsisType | None = ...,
+        seen: int | None = None,
     ) -> Decided:
-        """Record one decision, atomically; raises DecisionRefused and changes nothing else.
-        `seen`: the edit the approver saw (None: the request as it was asked); an Approve
-        of a request changed since is refused."""
+        """Record one decision on version `seen` of the request (the one the approver was
+        shown; None: the current one), atomically; raises DecisionRefused and changes nothing
+        else. A decision on a version that is no longer current is refused ("changed")."""
         approval = await self.check_decider(
             team_id, approval_id, approver, facts or ApproverFacts()
         )
-        now = self._clock()
+        now = self._clock()  # after the look-ups: the deadline holds at the write
         decision = Approved(approver, now, reason) if approve else Denied(approver, now, reason)
+        return await self._record(approval, decision, seen=seen)
+
+    async def _record(
+        self,
+        approval: Approval,
+        decision: Approved | Denied,
+        *,
+        seen: int | None,
+        edit: Edit | None = None,
+    ) -> Decided:
+        """One decision on version `seen`, as storage's conditional write takes it (`edit`:
+        with the new version it makes, of a request one approver decides)."""
+        if seen is not None and seen != approval.version:
+            raise DecisionRefused("changed", approval)
         try:
-            decided, others_pending = await self._store.decide(approval, decision, seen=seen)
+            decided, others_pending = await self._store.decide(
+                approval, decision, edited=edit, seen=seen
+            )
         except IllegalTransition as refused:
             raise await self._refused(refused, approval) from None
         self._settled(decided)
@@ -581,40 +615,77 @@ class Workflow:
         changed: dict[str, Any],
         *,
         facts: Facts | None = None,
-        seen: datetime | EllipsisType | None = ...,
+        seen: int | None = None,
     ) -> Decided:
-        """Approve, running the call with `changed` as its input instead. The changes must
-        fit the tool's schema (InvalidAnswer by field) and may not make the call need more
-        approvers than it asked for; the approver must be one both for the call as asked and
-        as changed. With several approvers needed, the edit stands with this approver's vote
-        alone: the others approved something else."""
+        """Edit & approve of version `seen`: `changed`, as the tool's schema validates it
+        (InvalidAnswer by field), compared with the current version. Equal, it is a plain
+        Approve of that version; different, it makes the next version, approved by this
+        approver alone (with several approvers needed, the others approve again). The new
+        version's policy is evaluated afresh: one that would route the decision elsewhere,
+        to other approvers or escalation, or need more approvals, is refused by field
+        (EditRefused); the approver must be one under it too."""
         facts = facts or ApproverFacts()
         approval = await self.check_decider(team_id, approval_id, approver, facts)
-        r = approval.request
-        if changed == r.input:
-            return await self.decide(team_id, approval_id, approver, approve=True, facts=facts)
+        if seen is not None and seen != approval.version:
+            raise DecisionRefused("changed", approval)
+        r, current = approval.request, approval.current
         tool = self._runtime.tools.get(r.tool)
-        if tool is None or (errors := input_errors(tool.action(), changed)):
-            raise InvalidAnswer(errors if tool is not None else {"input": "no such tool"})
-        edit = Edit(changed, approver, self._clock())
-        # What the approver typed is theirs: for a rule, a changed value came from a human.
-        sources = {**r.context.sources, **dict.fromkeys(edit.changes(r.input), Source("human"))}
-        stored = await self._policies.get(team_id, r.tool)
-        policy = stored.for_call(changed, r.requester, as_provenance(changed, sources))
-        if not policy.allowed and policy.approvals > r.approvals_needed:
-            raise DecisionRefused("needs_more_approvers", approval)
-        await self._check_eligible(approval, None, approver, facts, policy=policy)
-        try:
-            if r.approvals_needed > 1:
-                done = await self._store.edit(approval, edit, seen=seen)
-                return Decided(done, turn_ready=False)
-            decided, others_pending = await self._store.decide(
-                approval, Approved(approver, edit.at), edited=edit, seen=seen
-            )
-        except IllegalTransition as refused:
-            raise await self._refused(refused, approval) from None
-        self._settled(decided)
-        return Decided(decided, turn_ready=others_pending == 0)
+        if tool is None:
+            raise InvalidAnswer({"input": "no such tool"})
+        new, errors = coerced(tool.action(), changed)
+        if errors or not isinstance(new, dict):
+            raise InvalidAnswer(errors or {"input": "an object is needed"})
+        if same_value(new, current.input):  # nothing changed: a vote for what it is
+            decision = Approved(approver, self._clock())
+            return await self._record(approval, decision, seen=approval.version)
+        base = await self._policies.get(team_id, r.tool)
+        now_policy = self._for_version(base, approval)
+        candidate = replace(
+            approval, edit=Edit(new, approver, self._clock()), version=approval.version + 1
+        )
+        new_policy = self._for_version(base, candidate)
+        if moved := _moves(now_policy, new_policy, r.approvals_needed):
+            raise EditRefused(self._moved_fields(base, approval, new, moved))
+        await self._check_eligible(candidate, None, approver, facts, policy=new_policy)
+        preview = await preview_of(self._runtime.previews, r.tool, new)
+        # The decision's time, after the look-ups and the preview, as an Approve takes it.
+        edit = Edit(new, approver, self._clock(), preview)
+        if r.approvals_needed > 1:
+            try:
+                done = await self._store.edit(approval, edit, seen=approval.version)
+            except IllegalTransition as refused:
+                raise await self._refused(refused, approval) from None
+            return Decided(done, turn_ready=False)
+        decision = Approved(approver, edit.at)
+        return await self._record(approval, decision, seen=approval.version, edit=edit)
+
+    def _for_version(self, base: Policy, approval: Approval) -> Policy:
+        """The tool's policy for the request's current version: rules, quorum, route,
+        approvers and escalation read that version's validated input (and where each value
+        came from: what an approver typed, from a human)."""
+        v = approval.current
+        return base.for_call(v.input, approval.request.requester, as_provenance(v.input, v.sources))
+
+    def _moved_fields(
+        self, base: Policy, approval: Approval, new: dict[str, Any], why: str
+    ) -> dict[str, str]:
+        """Which changed fields move the decision, each by itself (all changed fields when
+        only together they do), with why."""
+        current = approval.current.input
+        changed = [k for k in dict.fromkeys([*current, *new]) if not _same_field(current, new, k)]
+        blamed = []
+        for key in changed:
+            alone = {k: v for k, v in current.items() if k != key}
+            if key in new:
+                alone[key] = new[key]
+            one = replace(approval, edit=Edit(alone, "", self._clock()), version=0)
+            if _moves(
+                self._for_version(base, approval),
+                self._for_version(base, one),
+                approval.request.approvals_needed,
+            ):
+                blamed.append(key)
+        return dict.fromkeys(blamed or changed, why)
 
     async def _refused(self, refused: IllegalTransition, approval: Approval) -> DecisionRefused:
         """Why an Approve, a Deny or an edit changed nothing, for the person who tried."""
@@ -680,8 +751,8 @@ class Workflow:
                 except IllegalTransition:  # another replica did it, or it was decided
                     continue
                 r = taken.request
-                policy = (await self._policies.get(taken.thread.team_id, r.tool)).for_request(r)
-                owed.append(Due(taken, policy))
+                base = await self._policies.get(taken.thread.team_id, r.tool)
+                owed.append(Due(taken, self._for_version(base, taken)))
         return FollowUps(tuple(done[REMIND]), tuple(done[ESCALATE]))
 
     async def escalation_posted(self, approval: Approval, *, ts: str) -> None:
@@ -716,7 +787,7 @@ class Workflow:
             policy = policies.get(r.tool) or self._policies.of(r.tool, None)
             try:
                 await self._check_eligible(
-                    approval, None, person, facts, policy=policy.for_request(r)
+                    approval, None, person, facts, policy=self._for_version(policy, approval)
                 )
             except DecisionRefused:
                 continue
@@ -867,8 +938,12 @@ class Workflow:
         approvals = []
         for intr in out.interrupts:
             called = scope.calls.get(intr.ref or "")
+            asked = intr.input if isinstance(intr.input, dict) else {"value": intr.input}
+            given = asked  # version 1: the call as the tool's schema took it
             if called is not None:
                 policy, context = called.policy, called.context
+                if isinstance(called.input, dict):
+                    given = called.input
             else:  # interrupted by the tool itself, or by a restart the gate refused
                 stored = await self._policies.get(scope.team_id, intr.name)
                 policy, context = stored.for_call(intr.input, scope.requester), Context()
@@ -878,7 +953,8 @@ class Workflow:
             request = Request(
                 tool=intr.name,
                 ref=intr.ref or "",
-                input=intr.input if isinstance(intr.input, dict) else {"value": intr.input},
+                input=given,
+                asked=None if _exactly(given, asked) else asked,
                 requester=scope.requester,
                 why=str(note.get("why") or policy.why),
                 requested_at=now,
@@ -979,9 +1055,10 @@ class Workflow:
                 log.warning("could not free conversation %s", conversation_id, exc_info=True)
         log.error("conversation %s stays held until its hold runs out", conversation_id)
 
-    async def _keep_lease(self, claim: Claim) -> None:
-        """Renew the lease while the resume runs (a tool that runs for long included); stop
-        only once another process has the turn."""
+    async def _keep_lease(self, claim: Claim, until: datetime, stop: Callable[[], None]) -> None:
+        """Renew the lease while the resume runs (a tool that runs for long included); once
+        it is lost (another process has the turn, or it ran out unrenewed), `stop` the
+        resume: another process may already run it."""
 
         async def renew(until: datetime) -> bool:
             try:
@@ -991,33 +1068,43 @@ class Workflow:
                 return False
             return True
 
-        await self._heartbeat(renew, f"the lease of turn {claim.turn_id}")
+        await self._heartbeat(renew, f"the lease of turn {claim.turn_id}", until)
+        stop()
 
-    async def _keep_thread(self, conversation_id: str) -> None:
+    async def _keep_thread(self, conversation_id: str, until: datetime) -> None:
         """Hold the thread while a new message's turn runs; a process that dies leaves it
         held one lease at most."""
 
         async def keep(until: datetime) -> bool:
             return await self._store.keep_thread(conversation_id, until=until)
 
-        await self._heartbeat(keep, f"the thread of conversation {conversation_id}")
+        await self._heartbeat(keep, f"the thread of conversation {conversation_id}", until)
 
-    async def _heartbeat(self, renew: Callable[[datetime], Awaitable[bool]], what: str) -> None:
-        """Renew every third of the lease until `renew` says it is lost (False). A failed
-        renewal (the database dropped the connection, or refused it for a moment) is retried
-        soon: the last one renewed still has two thirds of its time to run."""
+    async def _heartbeat(
+        self, renew: Callable[[datetime], Awaitable[bool]], what: str, until: datetime
+    ) -> None:
+        """Renew every third of the lease until it is lost: `renew` says so (False), or it
+        ran out (`until`) before a renewal went through. A renewal that fails (the database
+        dropped the connection) or hangs (a lock, a stalled connection) past a third of the
+        lease is retried soon: the last one renewed still has time to run."""
         every = self._lease.total_seconds() / 3
         wait = every
         while True:
             await asyncio.sleep(wait)
+            left = (until - self._clock()).total_seconds()
+            if left <= 0:
+                log.error("%s ran out before it could be renewed", what)
+                return
+            renewed = self._clock() + self._lease
             try:
-                if not await renew(self._clock() + self._lease):
-                    return
+                async with asyncio.timeout(min(every, left)):
+                    if not await renew(renewed):
+                        return
             except Exception:  # a database hiccup: the lease may still be renewed soon
                 log.warning("could not renew %s", what, exc_info=True)
                 wait = min(RENEW_RETRY.total_seconds(), every)
             else:
-                wait = every
+                until, wait = renewed, every
 
     async def _let_go(self, claim: Claim) -> None:
         """A clean shutdown cut this resume off: hand the turn back (LET_GO), so the next
@@ -1028,6 +1115,38 @@ class Workflow:
             log.debug("turn %s was taken over before it was let go", claim.turn_id)
         except Exception:  # its lease runs out instead
             log.warning("could not let go of turn %s", claim.turn_id, exc_info=True)
+
+
+def _moves(now: Policy, new: Policy, approvals: int) -> str | None:
+    """Why a new version's policy would move the decision from the people who may make it
+    now; None when it does not (a version that needs no approval moves nothing)."""
+    if new.allowed:
+        return None
+    end = "; deny it instead and let the agent ask again"
+    if new.approvals > approvals:
+        return f"with this value the call needs {new.approvals} approvals, not {approvals}{end}"
+    if new.channel != now.channel:
+        return f"with this value the request goes to another approver channel{end}"
+    if set(new.approver_users) != set(now.approver_users) or set(new.approver_groups) != set(
+        now.approver_groups
+    ):
+        return f"with this value other people decide the request{end}"
+    if (new.escalate_to, set(new.escalate_users), set(new.escalate_groups)) != (
+        now.escalate_to,
+        set(now.escalate_users),
+        set(now.escalate_groups),
+    ) or (new.escalate_after != now.escalate_after):
+        return f"with this value the request escalates elsewhere{end}"
+    return None
+
+
+def _same_field(a: dict[str, Any], b: dict[str, Any], key: str) -> bool:
+    return (key in a) == (key in b) and same_value(a.get(key), b.get(key))
+
+
+def _exactly(a: Any, b: Any) -> bool:
+    """Equal as Genkit compares a restart's input with the request (sorted-key JSON)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def _from_model(chunk: AgentChunk[Any]) -> bool:
@@ -1059,7 +1178,9 @@ def resume_parts(
     restart: list[Part] = []
     for approval in approvals:
         r = approval.request
-        intr: AgentInterrupt[Any, Any] = AgentInterrupt(r.tool, r.ref or None, r.input)
+        # The model's own arguments: Genkit matches a restart's input to them exactly.
+        asked = r.asked if r.asked is not None else r.input
+        intr: AgentInterrupt[Any, Any] = AgentInterrupt(r.tool, r.ref or None, asked)
         if r.question:
             respond.append(intr.respond(answered(approval, r.tool in forms)))
             continue

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -77,6 +78,7 @@ RESULTS = Path(__file__).parent / "results-bot.json"
 PROFILE_DIR = Path(tempfile.gettempdir())
 PY_SPY_OUT = PROFILE_DIR / "greenlight-bench-py-spy.txt"
 CPROFILE_OUT = PROFILE_DIR / "greenlight-bench.pstats"
+PYINSTRUMENT_OUT = PROFILE_DIR / "greenlight-bench-pyinstrument.json"
 
 SERVICE_ENV: dict[str, str] = {}  # --service-env KEY=VALUE: experiments (e.g. BENCH_UVLOOP=1)
 
@@ -126,8 +128,13 @@ async def bench_target(
     pool: ProcessPoolExecutor,
     profile: str | None,
     log: Callable[[str], None],
+    phases: str = "all",
+    env: dict[str, str] | None = None,
 ) -> JSON:
     """Every phase against one bot (`bench.serve` or `bench.baseline`).
+
+    `phases`: "all"; "latency" (warm-up and the levels only: the file-tools comparison);
+    "memory" (RSS after MEMORY_AT conversations at saturation, in a fresh service).
 
     `profile`: "py-spy" samples the service during saturation (and traces one conversation's
     SQL); "cprofile" runs the service under cProfile and only warms up, traces one
@@ -137,7 +144,7 @@ async def bench_target(
     with tempfile.TemporaryDirectory(dir=_scratch()) as tmp:
         ledger = Path(tmp) / "ledger.jsonl"
         stats_file = Path(tmp) / "sql-stats.json" if database_url else None
-        extra = {"GREENLIGHT_TEST_LEDGER": str(ledger)}
+        extra = {"GREENLIGHT_TEST_LEDGER": str(ledger)} | (env or {})
         if database_url is not None:
             extra |= {
                 "DATABASE_URL": database_url,
@@ -145,6 +152,9 @@ async def bench_target(
                 "RECOVERY_INTERVAL_SECONDS": "3600",
                 "BENCH_STATS_FILE": str(stats_file),
             }
+        if profile == "pyinstrument":
+            PYINSTRUMENT_OUT.unlink(missing_ok=True)
+            extra["BENCH_PYINSTRUMENT"] = str(PYINSTRUMENT_OUT)
         if profile == "cprofile":
             CPROFILE_OUT.unlink(missing_ok=True)
             extra["BENCH_CPROFILE"] = str(CPROFILE_OUT)
@@ -173,14 +183,22 @@ async def bench_target(
 
                 log(f"[{name}] warm-up")
                 result["warmup"] = await driver.warmup(plan.warmup)
+                if phases == "memory":
+                    result["memory"] = await memory(driver, log)
+                    return result
                 if profile and database_url is not None:
                     result["trace"] = await detailed_trace(driver)
+                if profile == "pyinstrument":
+                    result |= await profile_pieces(driver, plan, log)
+                    return result
                 result["levels"] = {}
                 for concurrency, rounds in plan.levels:
                     if profile == "cprofile" or over(f"level {concurrency}"):
                         continue
                     log(f"[{name}] {concurrency} concurrent x {rounds} rounds")
                     result["levels"][str(concurrency)] = await level(driver, concurrency, rounds)
+                if phases == "latency":
+                    return result
                 if not over("saturation"):
                     log(f"[{name}] saturation: {plan.saturation_total} conversations")
                     spy = _start_py_spy(service.pid) if profile == "py-spy" else None
@@ -216,6 +234,106 @@ async def bench_target(
                     "raw": str(CPROFILE_OUT)
                 }
         return result
+
+
+PROFILED, PROFILED_AT_ONCE = 60, 4
+
+
+async def profile_pieces(driver: Driver, plan: Plan, log: Callable[[str], None]) -> JSON:
+    """Issue 23's profile: each SQL statement's and Slack method's wall time per
+    conversation at concurrency 1, then pyinstrument's samples during saturation by piece."""
+    from bench.harness import _sql_delta
+    from bench.profile import pieces
+
+    log("[profile] 20 conversations at concurrency 1, walls by statement and Slack method")
+    before = await driver.service.sql_stats()
+    one = await level(driver, 1, 20)
+    delta = _sql_delta(before, await driver.service.sql_stats()) or {}
+    n = max(one.get("completed") or 1, 1)
+
+    def walls(count: str, seconds: str) -> JSON:
+        return {
+            k: {"per_conversation": round(v / n, 2), "ms": round(1000 * delta[seconds][k] / n, 2)}
+            for k, v in sorted(delta.get(count, {}).items(), key=lambda kv: -kv[1])
+        }
+
+    out: JSON = {"walls_at_1": {"sql": walls("kinds", "kind_seconds")}}
+    out["walls_at_1"]["slack"] = walls("slack", "slack_seconds")
+    # The profiler slows the service down several times: few enough at once that none
+    # runs out of time (each sampled conversation must be counted).
+    log(f"[profile] {PROFILED} conversations, {PROFILED_AT_ONCE} at once, under pyinstrument")
+    driver.deadline = math.inf  # every conversation sampled is counted
+    driver.service.proc.send_signal(signal.SIGWINCH)  # type: ignore[union-attr]
+    sat = await saturation(driver, PROFILED_AT_ONCE, PROFILED, 300.0)
+    driver.service.proc.send_signal(signal.SIGWINCH)  # type: ignore[union-attr]
+    async with asyncio.timeout(60):
+        while not PYINSTRUMENT_OUT.exists():  # noqa: ASYNC110 - another process writes it
+            await asyncio.sleep(0.1)
+    records = json.loads(PYINSTRUMENT_OUT.read_text())
+    out["pieces"] = pieces(records, sat["completed"])
+    out["pieces"]["service_cpu_ms_per_conversation"] = _cpu(sat)
+    return out
+
+
+def _cpu(sat: JSON) -> float | None:
+    per = sat.get("per_conversation") or {}
+    value = per.get("service_cpu_ms")
+    return value if isinstance(value, int | float) else None
+
+
+MEMORY_AT = (200, 2000)  # conversations after which the service's RSS is read
+FILES_PLAN_LEVELS = ((1, 20), (50, 2))
+FILES_PAIRS = 2
+
+
+async def memory(driver: Driver, log: Callable[[str], None]) -> JSON:
+    """RSS after 200 and after 2,000 conversations: per-process caches must be bounded."""
+    rss: JSON = {}
+    done = 0
+    for at in MEMORY_AT:
+        log(f"[memory] {at - done} conversations, then RSS")
+        driver.deadline = math.inf
+        await saturation(driver, 32, at - done, 600.0)
+        await driver.observer.quiesce(idle=0.2)
+        done = at
+        rss[str(at)] = driver.service.rss_mb()
+    first, last = rss[str(MEMORY_AT[0])], rss[str(MEMORY_AT[-1])]
+    return {"rss_mb": rss, "growth": round(last / first, 3) if first and last else None}
+
+
+async def files_comparison(
+    database_url: str | None, pool: ProcessPoolExecutor, log: Callable[[str], None]
+) -> JSON:
+    """The same flow (no file tool called) with and without AGENT_FILES_ROOT (one small
+    file), alternating in one sitting: what mounting the file tools costs a turn."""
+    plan = dataclasses.replace(QUICK, levels=FILES_PLAN_LEVELS, warmup=3)
+    runs: dict[str, list[JSON]] = {"without": [], "with": []}
+    with tempfile.TemporaryDirectory() as root:
+        (Path(root) / "notes.txt").write_text("hello\n")
+        for _ in range(FILES_PAIRS):
+            for kind, env in (("without", {}), ("with", {"AGENT_FILES_ROOT": root})):
+                async with temporary_database(database_url) as url:
+                    got = await bench_target(
+                        f"files {kind}", "bench.serve", plan, database_url=url, pool=pool,
+                        profile=None, log=log, phases="latency", env=env,
+                    )  # fmt: skip
+                runs[kind].append(got.get("levels", {}))
+
+    def median(kind: str, lv: str, metric: str) -> float | None:
+        values = [r.get(lv, {}).get(metric, {}).get("p50") for r in runs[kind]]
+        found = sorted(v for v in values if isinstance(v, int | float))
+        return found[len(found) // 2] if found else None
+
+    out: JSON = {}
+    for lv, _ in FILES_PLAN_LEVELS:
+        for metric in ("message_to_card_ms", "click_to_reply_ms"):
+            a, b = median("with", str(lv), metric), median("without", str(lv), metric)
+            out[f"{metric}_p50@{lv}"] = {
+                "with": a,
+                "without": b,
+                "ratio": round(a / b, 2) if a and b else None,
+            }
+    return out
 
 
 def _start_py_spy(pid: int) -> subprocess.Popen[bytes] | None:
@@ -281,12 +399,33 @@ async def run(
                 "baseline", "bench.baseline", plan, database_url=None, pool=pool,
                 profile=None, log=log,
             )  # fmt: skip
+        if target == "both" and profile is None:
+            async with temporary_database(database_url) as url:
+                mem = await bench_target(
+                    "memory", "bench.serve", plan, database_url=url, pool=pool,
+                    profile=None, log=log, phases="memory",
+                )  # fmt: skip
+            result["memory"] = mem.get("memory")
+            result["file_tools"] = await files_comparison(database_url, pool, log)
     if "greenlight" in result and "baseline" in result:
         result["ratios_ours_over_baseline"] = ratios(result["greenlight"], result["baseline"])
-    result["targets"] = targets(result.get("greenlight") or {})
+    result["targets"] = targets(
+        result.get("greenlight") or {},
+        result.get("ratios_ours_over_baseline") or {},
+        memory=result.get("memory"),
+        file_tools=result.get("file_tools"),
+    )
     result["elapsed_s"] = round(time.perf_counter() - started, 1)
     print(table(result))
     ours = result.get("greenlight") or {}
+    if "pieces" in ours:
+        from bench.profile import render_pieces
+
+        print("\n" + render_pieces(ours["pieces"]))
+        for what, rows in ours["walls_at_1"].items():
+            print(f"\n{what} at concurrency 1, per conversation (count, wall ms):")
+            for name, got in rows.items():
+                print(f"  {got['per_conversation']:6.2f}  {got['ms']:8.2f} ms  {name}")
     if "py_spy" in ours or "cprofile" in ours:
         from bench.profile import render, render_pstats
 
@@ -295,7 +434,7 @@ async def run(
             print(render(ours["py_spy"]))
         if "cprofile" in ours:
             print("\n" + render_pstats(ours["cprofile"]))
-    out = RESULTS if profile != "cprofile" else PROFILE_DIR / "greenlight-bench-profile.json"
+    out = RESULTS if profile is None else PROFILE_DIR / "greenlight-bench-profile.json"
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"\nwritten: {out}", file=sys.stderr)
     return result
@@ -308,7 +447,7 @@ def main() -> None:
     parser.add_argument("--target", choices=("both", "ours", "baseline"), default="both")
     parser.add_argument(
         "--profile",
-        choices=("py-spy", "cprofile"),
+        choices=("py-spy", "cprofile", "pyinstrument"),
         help="py-spy: sample the service during saturation; cprofile: a profiling run only "
         "(warm-up, saturation). Both print one conversation's SQL trace.",
     )

@@ -516,6 +516,10 @@ def _sql_delta(before: JSON | None, after: JSON | None) -> JSON | None:
         a - b for a, b in zip(after["gc_seconds"], before["gc_seconds"], strict=True)
     ]
     out["gc_longest_ms"] = after["gc_longest_ms"]
+    for key in ("kinds", "kind_seconds", "slack", "slack_seconds"):
+        diff: Counter[str] = Counter(after.get(key) or {})
+        diff.subtract(before.get(key) or {})
+        out[key] = {k: v for k, v in diff.items() if v}
     return out
 
 

@@ -8,6 +8,12 @@
 - cProfile (bench.serve with $BENCH_CPROFILE): deterministic, timed by process CPU time;
   builtins (C functions) are charged to the component of their callers.
 
+- pyinstrument (bench.serve with $BENCH_PYINSTRUMENT; `python -m bench.bot --profile
+  pyinstrument`): in-process samples every millisecond, during saturation only, with the idle
+  event loop left out, so what remains is the service's running time. `pieces` charges each
+  sample to the issue-23 pieces: the outermost named operation on its stack (a session save,
+  a store method's SQL, a Slack method, the Home refresh, ...), else the innermost library.
+
     python -m bench.profile bench/profile-bot.txt
     python -m bench.profile bench/profile-bot.pstats [conversations]
 """
@@ -16,7 +22,7 @@ from __future__ import annotations
 
 import pstats
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +48,79 @@ COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tests.ledger_tools", ("ledger_tools",)),
     ("asyncio", ("asyncio/", "uvloop/")),
 )
+
+
+# Named operations, checked outermost first on a stack: (piece, file needle, functions or ()).
+OPERATIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("Home refresh", "bot/home.py", ()),
+    ("permalinks", "bot/delivery.py", ("_permalink", "_lookup", "_ask", "_address", "link")),
+    ("metrics observer", "bot/metrics.py", ()),
+    ("metrics observer", "agent/observer.py", ()),
+    ("streaming decision", "bot/streaming.py", ()),
+    ("message-limit upsert", "agent/limits.py", ()),
+    ("heartbeat tasks", "agent/workflow.py", ("_keep_lease", "_keep_thread", "_heartbeat")),
+    ("session load", "storage/session_store.py", ("get_snapshot",)),
+    ("session save", "storage/session_store.py", ("save_snapshot",)),
+)
+STORES = ("storage/approval_store.py", "storage/policies.py", "storage/retention.py")
+SLACK = "slack_sdk/web/async_client.py"
+IDLE = (("select", "selectors.py"), ("_run_once", "asyncio/base_events.py"))
+
+
+def _frame(info: str) -> tuple[str, str]:
+    function, path, *_ = [*info.split("\x01")[0].split("\x00"), "", ""][:3]
+    return function, path
+
+
+def operation(function: str, path: str) -> str | None:
+    for piece, needle, functions in OPERATIONS:
+        if needle in path and (not functions or function in functions):
+            return piece
+    if any(store in path for store in STORES) and not function.startswith("_"):
+        return f"SQL: {path.rsplit('/', 1)[-1][:-3]}.{function}"
+    if SLACK in path and "_" in function and function not in ("api_call", "_perform_urllib"):
+        return f"Slack: {function}"
+    return None
+
+
+def pieces(records: list[tuple[list[str], float]], conversations: int) -> dict[str, Any]:
+    """Seconds of samples by piece (see OPERATIONS), idle left out, per conversation."""
+    by: defaultdict[str, float] = defaultdict(float)
+    idle = 0.0
+    for stack, seconds in records:
+        frames = [_frame(f) for f in stack]
+        if frames and any(f == frames[-1][0] and p in frames[-1][1] for f, p in IDLE):
+            idle += seconds
+            continue
+        named = next((op for f, p in frames if (op := operation(f, p)) is not None), None)
+        if named is None and frames and frames[-1][0].startswith("socket.send"):
+            named = "socket writes (the kernel; a core is given up to PostgreSQL)"
+        if named is None:
+            found = [c for _, p in reversed(frames) if (c := component(f"({p}")) is not None]
+            named = found[0] if found else "other"
+            if named == "pydantic":  # validation for whom: the first other library out
+                named += " for " + next((c for c in found if c != "pydantic"), "other")
+        by[named] += seconds
+    busy = sum(by.values()) or 1e-9
+    per = max(conversations, 1)
+    ranked = sorted(by.items(), key=lambda kv: -kv[1])
+    return {
+        "busy_s": round(busy, 2),
+        "idle_s": round(idle, 2),
+        "conversations": conversations,
+        "ms_per_conversation": {k: round(1000 * v / per, 2) for k, v in ranked},
+        "percent": {k: round(100 * v / busy, 1) for k, v in ranked},
+    }
+
+
+def render_pieces(summary: dict[str, Any]) -> str:
+    lines = [
+        f"pyinstrument: {summary['busy_s']} s busy, {summary['idle_s']} s idle, "
+        f"{summary['conversations']} conversations; ms of the service's time per conversation:"
+    ]
+    for name, ms in summary["ms_per_conversation"].items():
+        lines.append(f"  {ms:8.2f}  {summary['percent'][name]:5.1f}%  {name}")
+    return "\n".join(lines)
 
 
 def component(frame: str) -> str | None:

@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 
 from bench.database import temporary_database
-from bot.server import SHUTDOWN_GRACE
+from bot.settings import SHUTDOWN_GRACE
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, function_call, text
 from tests.fakes.slack_api import Call, FakeSlack

@@ -15,12 +15,50 @@ def _get(d: Any, *path: str) -> Any:
     return d
 
 
-def targets(ours: JSON) -> dict[str, JSON]:
-    """The issue's targets, each with the measured value and whether it is met."""
+def targets(
+    ours: JSON,
+    ratio: JSON | None = None,
+    *,
+    memory: JSON | None = None,
+    file_tools: JSON | None = None,
+) -> dict[str, JSON]:
+    """The issues' targets, each with the measured value and whether it is met: absolute
+    ones, then (issue 23) ratios over the baseline, memory growth and the file tools' cost."""
 
-    def check(value: Any, limit: float, *, strict: bool = False) -> JSON:
-        met = value is not None and (value < limit if strict else value <= limit)
+    def check(value: Any, limit: float, *, strict: bool = False, least: bool = False) -> JSON:
+        met = value is not None and (
+            value >= limit if least else value < limit if strict else value <= limit
+        )
         return {"value": value, "limit": limit, "met": met}
+
+    per = _get(ours, "saturation", "per_conversation") or {}
+    relative: dict[str, JSON] = {}
+    if ratio:
+        relative = {
+            "ratio_service_cpu_per_conversation_le_1.4": check(
+                ratio.get("service_cpu_per_conversation"), 1.4
+            ),
+            "ratio_throughput_ge_0.7": check(ratio.get("throughput"), 0.7, least=True),
+            "ratio_message_to_card_p50_at_1_le_1.5": check(
+                ratio.get("message_to_card_ms_p50@1"), 1.5
+            ),
+            "ratio_click_to_reply_p50_at_1_le_1.5": check(
+                ratio.get("click_to_reply_ms_p50@1"), 1.5
+            ),
+            "ratio_message_to_card_p99_at_50_le_1.5": check(
+                ratio.get("message_to_card_ms_p99@50"), 1.5
+            ),
+            "ratio_click_to_reply_p99_at_50_le_1.5": check(
+                ratio.get("click_to_reply_ms_p99@50"), 1.5
+            ),
+        }
+    relative["slack_calls_per_conversation_le_6"] = check(per.get("slack_calls"), 6)
+    relative["sql_statements_per_conversation_le_14"] = check(_get(per, "sql", "statements"), 14)
+    if memory is not None:
+        relative["rss_2000_over_200_conversations_le_1.1"] = check(memory.get("growth"), 1.1)
+    for name, got in (file_tools or {}).items():
+        if name.startswith("message_to_card_ms_p50"):
+            relative[f"file_tools_mounted_{name}_le_1.2"] = check(got.get("ratio"), 1.2)
 
     levels = ours.get("levels", {})
     one, fifty = levels.get("1", {}), levels.get("50", {})
@@ -47,7 +85,7 @@ def targets(ours: JSON) -> dict[str, JSON]:
             "met": runs == 1 and cont.get("execution_started_audited", 1) == 1,
         },
         "contention_click_p99_le_200ms": check(_get(cont, "click_ms", "p99"), 200),
-    }
+    } | relative
 
 
 def ratios(ours: JSON, base: JSON) -> JSON:
@@ -155,6 +193,20 @@ def table(result: JSON) -> str:
     for name, t in result["targets"].items():
         verdict = "met" if t["met"] else "MISSED"
         lines.append(f"target {name}: {verdict} ({_fmt(t['value'])} vs {t['limit']})")
+    memory = result.get("memory")
+    if memory:
+        lines.append("")
+        sizes = ", ".join(f"{n}: {mb} MB" for n, mb in memory["rss_mb"].items())
+        lines.append(f"service RSS after conversations: {sizes} (x{memory['growth']})")
+    files = result.get("file_tools")
+    if files:
+        lines.append("")
+        lines.append("file tools mounted (no file tool called), medians of pairs run alternately:")
+        for name, got in files.items():
+            lines.append(
+                f"  {name:<28} with {_fmt(got['with'])}  without {_fmt(got['without'])}"
+                f"  x{_fmt(got['ratio'])}"
+            )
     trace = ours.get("trace")
     if trace:
         lines.append("")

@@ -14,6 +14,11 @@ cost a few microseconds per statement:
   and writes them to $BENCH_STATS_FILE with the suffix `.trace.json`;
 - garbage collections are timed (gc.callbacks): count, total and longest pause per
   generation, in the same SIGUSR1 dump;
+- each statement's wall time by kind (verb and first table), and each Slack Web API
+  method's (count and wall time, the client's `api_call` timed), in the same dump;
+- SIGWINCH starts pyinstrument (with $BENCH_PYINSTRUMENT set: sampling every ms, the
+  event loop's own stack); the next SIGWINCH stops it and writes its samples to that path
+  (bench/profile.py `pieces` reads them);
 - an experiment, off by default: BENCH_UVLOOP=1 runs the loop on uvloop;
 - with $BENCH_CPROFILE set, cProfile (timed by process CPU time, not wall time) runs from
   start-up to shut-down and writes its stats to that path. It is of limited use: it loses
@@ -27,10 +32,11 @@ import cProfile
 import gc
 import json
 import os
+import re
 import signal
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +47,16 @@ from sqlalchemy.pool import Pool
 from bot.__main__ import settings_or_exit
 from bot.server import serve as bot_serve
 from bot.settings import Settings
+
+_TABLE = re.compile(r"\b(?:FROM|INTO|UPDATE|JOIN)\s+(\w+)", re.IGNORECASE)
+
+
+def _kind(statement: str) -> str:
+    """ "INSERT seen_events", "WITH turns": the verb and the first table named."""
+    words = statement.split(None, 1)
+    verb = words[0].upper() if words else "?"
+    table = _TABLE.search(statement)
+    return f"{verb} {table[1]}" if table else verb
 
 
 class SqlStats:
@@ -56,6 +72,11 @@ class SqlStats:
         self.connects = 0
         self.dumps = 0
         self.trace: list[tuple[float, str]] | None = None
+        self.kinds: Counter[str] = Counter()
+        self.kind_seconds: defaultdict[str, float] = defaultdict(float)
+        self.slack: Counter[str] = Counter()
+        self.slack_seconds: defaultdict[str, float] = defaultdict(float)
+        self.profiler: Any = None
         self.gc_count = [0, 0, 0]
         self.gc_seconds = [0.0, 0.0, 0.0]
         self.gc_longest = [0.0, 0.0, 0.0]
@@ -70,6 +91,31 @@ class SqlStats:
         event.listen(Pool, "checkout", self._checkout)
         event.listen(Pool, "connect", self._connect)
         gc.callbacks.append(self._gc)
+        from slack_sdk.web.async_base_client import AsyncBaseClient
+
+        api_call = AsyncBaseClient.api_call
+
+        async def timed(client: Any, api_method: str, *args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await api_call(client, api_method, *args, **kwargs)
+            finally:
+                self.slack[api_method] += 1
+                self.slack_seconds[api_method] += time.perf_counter() - started
+
+        AsyncBaseClient.api_call = timed  # type: ignore[method-assign,assignment]
+
+    def toggle_profile(self, path: Path) -> None:
+        from pyinstrument import Profiler
+
+        if self.profiler is None:
+            self.profiler = Profiler(interval=0.001, async_mode="disabled")
+            self.profiler.start()
+            return
+        session, self.profiler = self.profiler.stop(), None
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(session.frame_records))
+        tmp.replace(path)
 
     def _gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -91,7 +137,11 @@ class SqlStats:
     def _after(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         started = conn.info.get("bench_started")
         if started:
-            self.statement_seconds += time.perf_counter() - started.pop()
+            took = time.perf_counter() - started.pop()
+            self.statement_seconds += took
+            kind = _kind(statement)
+            self.kinds[kind] += 1
+            self.kind_seconds[kind] += took
 
     def _mark(self, what: str) -> None:
         if self.trace is not None:
@@ -139,6 +189,10 @@ class SqlStats:
             "gc_count": list(self.gc_count),
             "gc_seconds": list(self.gc_seconds),
             "gc_longest_ms": [round(t * 1000, 2) for t in self.gc_longest],  # since last dump
+            "kinds": dict(self.kinds),
+            "kind_seconds": dict(self.kind_seconds),
+            "slack": dict(self.slack),
+            "slack_seconds": dict(self.slack_seconds),
         }
 
     def dump(self, path: Path) -> None:
@@ -165,6 +219,8 @@ async def serve(settings: Settings, stats: SqlStats) -> None:
     if stats_file:
         loop.add_signal_handler(signal.SIGUSR1, stats.dump, Path(stats_file))
         loop.add_signal_handler(signal.SIGUSR2, stats.toggle_trace, Path(stats_file))
+    if samples := os.environ.get("BENCH_PYINSTRUMENT"):
+        loop.add_signal_handler(signal.SIGWINCH, stats.toggle_profile, Path(samples))
     profile_path = os.environ.get("BENCH_CPROFILE")
     profiler = cProfile.Profile(time.process_time) if profile_path else None
     if profiler is not None:

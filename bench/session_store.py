@@ -68,7 +68,7 @@ try:  # the `bench` extra: pip install -e '.[bench]'
     from langgraph.checkpoint.base import create_checkpoint, empty_checkpoint
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 except ImportError:
-    AsyncPostgresSaver = None  # type: ignore[assignment,misc]
+    AsyncPostgresSaver = None  # type: ignore[assignment,misc,unused-ignore]
 
 RESULTS = Path(__file__).parent / "results-session-store.json"
 TURNS, REPS, CHARS, MARKS = 200, 5, 500, (1, 50, 200)

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from sqlalchemy.exc import SQLAlchemyError
 
 from bot.settings import ConfigError, load_settings
-from storage import audit
+from storage import audit, embedded
 from storage.db import make_engine, make_session_factory
 
 
@@ -98,8 +98,9 @@ def main(argv: list[str]) -> int:
         print(exc.render(), file=sys.stderr)
         return 2
     try:
-        return asyncio.run(export(args, url, sys.stdout))
-    except (OSError, SQLAlchemyError) as exc:
+        with embedded.unless_given(url) as given:
+            return asyncio.run(export(args, given, sys.stdout))
+    except (OSError, SQLAlchemyError, embedded.EmbeddedError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else ""
         print(f"cannot read the audit trail: {type(exc).__name__}: {first}", file=sys.stderr)
         return 1

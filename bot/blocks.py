@@ -14,7 +14,7 @@ import json
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from agent.context import Line
@@ -101,21 +101,50 @@ def mixes_scripts(text: str) -> bool:
     return False
 
 
+def looks_latin(text: str) -> bool:
+    """Whether a word is written wholly in letters of another alphabet that look like Latin
+    ones (EXT999 spelt with Cyrillic letters): each letter one that Unicode's confusables
+    list gives a plain ASCII look-alike. Ordinary Russian or Greek words have letters with
+    none (Москва, Ελλάδα), so they are not flagged."""
+    from confusable_homoglyphs import confusables  # its tables load on first use
+
+    for word in _WORD.findall(text):
+        if word.isascii():
+            continue
+        found = confusables.is_confusable(word, greedy=True, preferred_aliases=["latin"]) or []
+        ascii_twin = {
+            f["character"]
+            for f in found
+            if any(
+                len(h["c"]) == 1 and h["c"].isascii() and h["c"].isalnum() for h in f["homoglyphs"]
+            )
+        }
+        if all(ch.isascii() or ch in ascii_twin for ch in word):
+            return True
+    return False
+
+
 def escape(text: str) -> str:
     """Neutralise Slack's control characters (mentions and links then render as plain text)
     and show hidden characters."""
     return reveal(text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;"))
 
 
-# A URL or something Slack would link as one: scheme://…, www.…, or a domain with a path.
-_LINKISH = re.compile(r"\S*(?:://|www\.)\S*|[\w-]+(?:\.[\w-]+)+/\S*")
+# A URL or something Slack would link as one: scheme://…, www.…, a domain with a path, or
+# a bare domain (`evil.example`: a name ending in two letters or more).
+_LINKISH = re.compile(
+    r"\S*(?:://|www\.)\S*|[\w-]+(?:\.[\w-]+)+/\S*|[\w-]+(?:\.[\w-]+)*\.[A-Za-z]{2,}(?![\w-])"
+)
+# A markdown link, `[text](target)`: shown as its text and its target, the target inert.
+MARKDOWN_LINK = re.compile(r"\[([^\]\n]*)\]\(([^)\s]*)\)")
 
 
 def inert_links(escaped: str) -> str:
     """Streamed markdown has no `verbatim` and no unfurl switch: a URL the model writes
-    (perhaps injected, for Slack's unfurler to fetch with data in its query) goes out as
-    code, which Slack neither links nor unfurls."""
-    return _LINKISH.sub(lambda m: "`" + m.group(0).replace("`", "'") + "`", escaped)
+    (perhaps injected, for Slack's unfurler to fetch with data in its query), a bare domain
+    or a markdown link's target goes out as code, which Slack neither links nor unfurls."""
+    unlinked = MARKDOWN_LINK.sub(lambda m: f"{m.group(1)} ({m.group(2)})", escaped)
+    return _LINKISH.sub(lambda m: "`" + m.group(0).replace("`", "'") + "`", unlinked)
 
 
 def _clip(escaped: str, limit: int) -> str:
@@ -164,6 +193,19 @@ def _show(value: Any, limit: int) -> str:
 def _no_fence(text: str) -> str:
     """Keep untrusted text from closing our ``` code block early."""
     return text.replace("```", "``\u200b`")
+
+
+# What lets a value restyle itself in mrkdwn: bold, italics, strike-through, code, a line of
+# its own (a forged field) or a block quote (`>`, escaped, at its start).
+_MARKUP = re.compile(r"[*_~`\n]|^\s*&gt;")
+
+
+def _inert(escaped: str) -> str:
+    """An escaped value as it is, or as a code block when it holds markup: Slack formats
+    nothing inside one, so the value reads as written and cannot pass for the card's own."""
+    if not _MARKUP.search(escaped):
+        return escaped
+    return f"```\n{_no_fence(escaped)}\n```"
 
 
 def mention(user_id: str | None) -> str:
@@ -248,6 +290,10 @@ def warnings(key: str, value: Any) -> list[str]:
         found.append("⚠️ _contains hidden characters (shown as \\u…)_")
     if any(mixes_scripts(t) for t in texts):
         found.append("⚠️ _mixes alphabets in one word (look-alike letters)_")
+    elif any(looks_latin(t) for t in texts):
+        found.append(
+            "⚠️ _a word in another alphabet's letters that look Latin (look-alike letters)_"
+        )
     return found
 
 
@@ -279,6 +325,7 @@ def _input_fields(
     for key, value in shown:
         k, k_cut = _fit(str(key), KEY_MAX)
         v, v_cut = _fit(_show(value, VALUE_MAX), VALUE_MAX)
+        v = _inert(v)
         shortened = shortened or k_cut or v_cut
         if v_cut:
             whole = len(value) if isinstance(value, str) else len(_json_head(value, 10**6))
@@ -286,7 +333,8 @@ def _input_fields(
         notes = "".join(
             f"\n{w}" for w in (*warnings(str(key), value), *origin_notes(str(key), sources))
         )
-        fields.append(_mrkdwn(f"*{k}*\n{v or ' '}{notes}"))
+        label = _inert(k) if _MARKUP.search(k) else f"*{k}*"
+        fields.append(_mrkdwn(f"{label}\n{v or ' '}{notes}"))
     if len(shown) < len(items):
         fields.append(_mrkdwn(f"_…and {len(items) - len(shown)} more keys_"))
     return fields, shortened
@@ -317,9 +365,18 @@ def _quote(said: Said) -> str:
     return "\n".join(f"&gt; {line}" for line in lines)
 
 
-def request_sections(r: Request) -> list[Block]:
+UNQUOTED = (
+    "_The conversation is not quoted here: this channel is public. "
+    "Show conversation has it, for those who may decide._"
+)
+
+
+def request_sections(r: Request, quotes: bool = True) -> list[Block]:
     """What led to the call: the message that started the conversation, the last human
-    message before the call, and the agent's words just before it, each labelled."""
+    message before the call, and the agent's words just before it, each labelled; in a
+    public channel (`quotes` False), only a note that they are left out."""
+    if not quotes:
+        return [_context(UNQUOTED)]
     c = r.context
     said = [
         (c.first, f"*{mention(c.first.by if c.first else None)} asked:*"),
@@ -342,28 +399,27 @@ def history_text(r: Request) -> str | None:
     )
 
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
 def as_seen(a: Approval) -> str:
-    """A button's value: the approval, and the edit it shows (so a click on a card drawn
-    before a change approves nothing it did not show)."""
-    if a.edit is None:
-        return a.id
-    return f"{a.id}~{(_utc(a.edit.at) - EPOCH) // timedelta(microseconds=1)}"
+    """A decision button's value: the approval, and the version it shows (so a click on a
+    view drawn before a change decides nothing it did not show)."""
+    return f"{a.id}~{a.version}"
 
 
 def edit_text(a: Approval) -> str:
     """An approver's changes: each field, struck through and replaced."""
     assert a.edit is not None
     lines = []
-    for key, change in list(a.edit.changes(a.request.input).items())[:20]:
+    changes = a.edit.changes(a.request.input)
+    for key, change in list(changes.items())[:20]:
         old, new = (_fit(_show(change[k], 200), 200)[0] for k in ("from", "to"))
         was = f"~{old}~" if change["from"] is not None else "_(none)_"
         now = new if change["to"] is not None else "_(removed)_"
         lines.append(f"• *{_fit(str(key), KEY_MAX)[0]}*: {was} → {now}")
-    who = f"✏️ *Changed by {mention(a.edit.by)}* at {date(a.edit.at)}: the call runs with"
-    return f"{who}\n" + "\n".join(lines)
+    who = f"✏️ *Changed by {mention(a.edit.by)}* at {date(a.edit.at)} (version {a.version})"
+    if not changes:
+        return f"{who}: back to the call as the agent asked it; the arguments above are it"
+    what = "the call runs with the arguments above, changed from what the agent asked"
+    return f"{who}: {what}:\n" + "\n".join(lines)
 
 
 def quorum_text(a: Approval) -> str:
@@ -405,6 +461,7 @@ def approval_card(
     now: datetime,
     editable: bool = True,
     note: str = "",
+    quotes: bool = True,
 ) -> Message:
     """The approvers' card: what, who, why, until when; buttons only while still pending.
 
@@ -427,12 +484,14 @@ def approval_card(
     ]
     if note:
         blocks.append(_context(escape(note)))
-    blocks += request_sections(r)
-    fields, shortened = _input_fields(r.input, r.context.sources)
+    blocks += request_sections(r, quotes)
+    # The current version, whole: an edit is shown with the same care as the agent's call.
+    v = a.current
+    fields, shortened = _input_fields(v.input, v.sources)
     blocks.append({"type": "section", "fields": fields} if fields else _section("_No input._"))
     if shortened:
-        blocks.append(_full_input(r.input))
-    preview, preview_cut = _preview(r.preview)
+        blocks.append(_full_input(v.input))
+    preview, preview_cut = _preview(v.preview)
     if history := history_text(r):
         blocks.append(_context(history))
     shows = [_button("Show conversation", "show_conversation", a.id)]
@@ -460,7 +519,7 @@ def approval_card(
                 "elements": [
                     _button("Approve", "approve", as_seen(a), "primary"),
                     *([_button("Edit & approve", "edit_approve", as_seen(a))] * editable),
-                    _button("Deny", "deny", a.id, "danger"),
+                    _button("Deny", "deny", as_seen(a), "danger"),
                 ],
             }
         )
@@ -478,7 +537,7 @@ def _said(answer: Any) -> Said:
 
 
 def question_card(
-    a: Approval, *, description: str, thread_link: str | None, now: datetime
+    a: Approval, *, description: str, thread_link: str | None, now: datetime, quotes: bool = True
 ) -> Message:
     """A question the agent asks (askHuman, or an interrupt a tool defines): what it asks,
     of whom, why; an Answer button while it waits. A question to the requester is posted in
@@ -498,7 +557,7 @@ def question_card(
         if link := _link(thread_link, "View the conversation"):
             who += f"  ·  {link}"
         blocks.append(_section(who + (f"\n{_fit(description, 2000)[0]}" if description else "")))
-        blocks += request_sections(r)
+        blocks += request_sections(r, quotes)
     if question is not None:
         blocks.append(_section(_quote(_said(question))))
     else:  # a tool's own interrupt: what it says, and its input
@@ -574,12 +633,14 @@ def _button(label: str, action_id: str, value: str, style: str | None = None) ->
 
 
 def _summary(data: Mapping[str, Any], limit: int = 120) -> str:
-    """A one-line taste of the input for the requester, e.g. `to: bob, amount: 12`."""
+    """A one-line taste of the input for the requester, e.g. `to: bob, amount: 12`; as
+    inline code when it holds markup (with `'` for a backtick), so no value restyles it."""
     parts = []
     for key, value in list(data.items())[:5]:
         v = " ".join(_show(value, 40).split())
-        parts.append(f"{key}: {v if len(v) <= 40 else v[:39] + ELLIPSIS}")
-    return _fit(", ".join(parts) + (", …" if len(data) > 5 else ""), limit)[0]
+        parts.append(f"{' '.join(str(key).split())}: {v if len(v) <= 40 else v[:39] + ELLIPSIS}")
+    taste = _fit(", ".join(parts) + (", …" if len(data) > 5 else ""), limit)[0]
+    return "`" + taste.replace("`", "'") + "`" if _MARKUP.search(taste) else taste
 
 
 def requester_note(
@@ -735,6 +796,11 @@ def refusal_text(reason: str, a: Approval | None) -> str:
             "You took part in the conversation that led to this request, so someone else "
             "has to approve it."
         )
+    if reason == "outsider":
+        return (
+            "Guests and people of other organisations cannot approve requests here; ask "
+            "one of the workspace's approvers."
+        )
     tool = _code(a.request.tool) if a else "this tool"
     if reason == "not_an_approver":
         return f"You're not one of the approvers for {tool}. Ask someone on its approver list."
@@ -745,11 +811,9 @@ def refusal_text(reason: str, a: Approval | None) -> str:
             f"approve. An admin must make the channel private or name approvers ({command})."
         )
     if reason == "changed":
-        return "The request was changed since your card showed it: look at it again."
-    if reason == "needs_more_approvers":
         return (
-            "With those changes the call needs more approvers than it asked for. Deny it and "
-            "ask the agent to request it again."
+            "The request was changed since you saw it, so that changed nothing. "
+            "Here it is as it is now."
         )
     if reason == "a_question":
         return "This is a question, not an approval: answer it with Answer."
@@ -785,12 +849,15 @@ MODAL_BLOCKS = 100
 def full_request_modal(a: Approval) -> dict[str, Any]:
     """The complete input as JSON, over as many blocks as it needs: what a card shortened is
     never out of an approver's sight."""
-    notes = "".join(f"\n{w}" for w in warnings("", a.request.input))
+    v = a.current  # what would run: the latest version
+    notes = "".join(f"\n{w}" for w in warnings("", v.input))
+    if v.edit is not None:
+        notes += f"\n✏️ Version {v.number}, changed by {mention(v.edit.by)} at {date(v.edit.at)}"
     head = _section(f"{_code(a.request.tool)} requested by {mention(a.request.requester)}{notes}")
     fence = "```\n", "\n```"
-    body = _no_fence(escape(json.dumps(a.request.input, indent=2, ensure_ascii=False)))
-    if a.request.preview and "\n" in a.request.preview.strip():  # a diff: whole, after the input
-        body += "\n\n" + _no_fence(escape(a.request.preview))
+    body = _no_fence(escape(json.dumps(v.input, indent=2, ensure_ascii=False)))
+    if v.preview and "\n" in v.preview.strip():  # a diff: whole, after the input
+        body += "\n\n" + _no_fence(escape(v.preview))
     pieces = _chunks(body, SECTION_MAX - len(fence[0]) - len(fence[1]))
     room = MODAL_BLOCKS - 2
     sections = [_section(fence[0] + p + fence[1]) for p in pieces[:room]]
@@ -865,10 +932,11 @@ def conversation_modal(
     }
 
 
-def edit_modal(a: Approval, form: list[Block]) -> dict[str, Any]:
-    """Edit & approve: every argument of the call, to change before approving it."""
+def edit_modal(a: Approval, form: list[Block], *, note: str = "") -> dict[str, Any]:
+    """Edit & approve: every argument of the call's current version, to change before
+    approving it. `note`: said first (why the modal shows another version now)."""
     r = a.request
-    note = (
+    what = (
         "Your changes count as your approval; the others who approved it will be asked again."
         if r.approvals_needed > 1
         else "The call runs with your changes, and the agent is told what you changed."
@@ -880,7 +948,8 @@ def edit_modal(a: Approval, form: list[Block]) -> dict[str, Any]:
         "submit": {"type": "plain_text", "text": "Approve"},
         "close": {"type": "plain_text", "text": "Cancel"},
         "blocks": [
-            _section(f"{_code(r.tool)} requested by {mention(r.requester)}. {note}"),
+            *([_section(f"⚠️ {note}")] if note else []),
+            _section(f"{_code(r.tool)} requested by {mention(r.requester)}. {what}"),
             *form,
         ],
     }

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -59,8 +59,12 @@ class Delivery:
         clock: Callable[[], datetime],
         stream_interval: float = 1.0,
         assistant_thread: Callable[[Thread], bool] = lambda thread: False,
+        is_private: Callable[[AsyncWebClient, str], Awaitable[bool]] | None = None,
     ) -> None:
         self._workflow = workflow
+        # Whether a channel is private (bot/people.py): a card in a public one quotes no
+        # conversation. None: every channel is taken to be private (the demo's).
+        self._is_private = is_private
         self._clock = clock
         self._stream_interval = stream_interval
         self._assistant_thread = assistant_thread
@@ -69,6 +73,9 @@ class Delivery:
         # A message's permalink never changes: ask Slack once per message, not per redraw.
         # Kept as tasks, so a lookup started early (see `warm_link`) is shared, not repeated.
         self._permalinks: dict[tuple[str, str], asyncio.Future[str | None]] = {}
+        # The workspace's address (auth.test's `url`, asked once): with it a link is built
+        # as Slack builds it, without a call (two fewer per conversation; see Performance).
+        self._workspace: asyncio.Future[str | None] | None = None
 
     def watch(self, on_change: Callable[[AsyncWebClient, Approval], None]) -> None:
         """Be told of every change a card is redrawn for (the Home tabs, bot/home.py)."""
@@ -199,8 +206,9 @@ class Delivery:
         ]
         if not places:
             return
-        card = self._card(approval, await self._permalink(client, approval.thread))
+        link = await self._permalink(client, approval.thread)
         for channel, ts in places:  # the card, and its copy in the escalation channel
+            card = await self._card(client, channel, approval, link)
             try:
                 await client.chat_update(
                     channel=channel,
@@ -227,7 +235,8 @@ class Delivery:
             return  # never posted: the requester was told, and there is nothing to remind of
         text = blocks.reminder_text(approval, policy.approver_users, policy.approver_groups)
         await self.say(client, Thread("", card.channel, card.ts), text)
-        link = await self._permalink(client, Thread("", card.channel, card.ts))
+        in_thread = approval.thread.thread_ts if approval.request.asks == "requester" else None
+        link = await self._permalink(client, Thread("", card.channel, card.ts), in_thread=in_thread)
         for user in policy.approver_users:
             note = blocks.reminder_dm(approval, link)
             try:
@@ -249,7 +258,7 @@ class Delivery:
                 metadata=card_mark(approval),
                 unfurl_links=False,
                 unfurl_media=False,
-                **self._card(approval, link),
+                **await self._card(client, escalation.channel, approval, link),
             )
         except SlackApiError as exc:
             log.error("could not escalate %s: %s", approval.id, exc.response.get("error"))
@@ -310,7 +319,7 @@ class Delivery:
                 metadata=card_mark(approval),
                 unfurl_links=False,
                 unfurl_media=False,
-                **self._card(approval, thread_link),
+                **await self._card(client, channel, approval, thread_link),
             )
         except SlackApiError as exc:
             error = exc.response.get("error")
@@ -324,7 +333,8 @@ class Delivery:
             return None
         ts = str(posted["ts"])
         await self._workflow.card_posted(approval, ts=ts)
-        return await self._permalink(client, Thread("", channel, ts))
+        in_thread = approval.thread.thread_ts if asks_requester else None
+        return await self._permalink(client, Thread("", channel, ts), in_thread=in_thread)
 
     async def _find_card(self, client: AsyncWebClient, approval: Approval) -> str | None:
         """The ts of the approval's card if a post cut off reached the channel; None if it
@@ -357,12 +367,22 @@ class Delivery:
                 return str(message["ts"])
         return None
 
-    def _card(self, approval: Approval, thread_link: str | None) -> dict[str, Any]:
+    async def _card(
+        self, client: AsyncWebClient, channel: str, approval: Approval, thread_link: str | None
+    ) -> dict[str, Any]:
+        """The card as posted in `channel`: in a public one (a route whose approvers are
+        named), anyone in the workspace can read it, so it quotes nothing of the
+        conversation (Show conversation, for those who may decide, still does)."""
         r, now = approval.request, self._clock()
         description = self._workflow.describe(r.tool)
+        quotes = (
+            self._is_private is None
+            or channel == approval.thread.channel_id  # the requester's own thread
+            or await self._is_private(client, channel)
+        )
         if r.question:
             return blocks.question_card(
-                approval, description=description, thread_link=thread_link, now=now
+                approval, description=description, thread_link=thread_link, now=now, quotes=quotes
             )
         editable = self._workflow.edit_form(r.tool) is not None
         return blocks.approval_card(
@@ -372,6 +392,7 @@ class Delivery:
             now=now,
             editable=editable,
             note=self._workflow.note(r.tool),
+            quotes=quotes,
         )
 
     async def link(self, client: AsyncWebClient, thread: Thread) -> str | None:
@@ -382,24 +403,38 @@ class Delivery:
         """Start looking up the thread's link now, off the path of a card that may need it."""
         self._lookup(client, thread)
 
-    async def _permalink(self, client: AsyncWebClient, thread: Thread) -> str | None:
-        lookup = self._lookup(client, thread)
+    async def _permalink(
+        self, client: AsyncWebClient, thread: Thread, *, in_thread: str | None = None
+    ) -> str | None:
+        """`thread`'s message's link (`in_thread`: the root of the thread it is a reply in)."""
+        lookup = self._lookup(client, thread, in_thread)
         link = await asyncio.shield(lookup)  # one waiter cancelled must not cancel the others
         if link is None and self._permalinks.get((thread.channel_id, thread.thread_ts)) is lookup:
             del self._permalinks[(thread.channel_id, thread.thread_ts)]  # ask again next time
         return link
 
-    def _lookup(self, client: AsyncWebClient, thread: Thread) -> asyncio.Future[str | None]:
+    def _lookup(
+        self, client: AsyncWebClient, thread: Thread, in_thread: str | None = None
+    ) -> asyncio.Future[str | None]:
         key = (thread.channel_id, thread.thread_ts)
         if (known := self._permalinks.get(key)) is None:
             if len(self._permalinks) >= PERMALINKS_KEPT:
                 del self._permalinks[next(iter(self._permalinks))]  # the oldest
-            known = self._permalinks[key] = asyncio.ensure_future(self._ask(client, thread))
+            asked = self._ask(client, thread, in_thread)
+            known = self._permalinks[key] = asyncio.ensure_future(asked)
         return known
 
-    @staticmethod
-    async def _ask(client: AsyncWebClient, thread: Thread) -> str | None:
+    async def _ask(
+        self, client: AsyncWebClient, thread: Thread, in_thread: str | None
+    ) -> str | None:
         """The link, or None: a card without it still works, so nothing here may fail it."""
+        if self._workspace is None:
+            self._workspace = asyncio.ensure_future(self._address(client))
+        if (base := await asyncio.shield(self._workspace)) is not None:
+            channel, ts = thread.channel_id, thread.thread_ts
+            built = f"{base}archives/{channel}/p{ts.replace('.', '')}"
+            reply = in_thread is not None and in_thread != ts
+            return built + f"?thread_ts={in_thread}&cid={channel}" if reply else built
         try:
             response = await client.chat_getPermalink(
                 channel=thread.channel_id, message_ts=thread.thread_ts
@@ -409,3 +444,15 @@ class Delivery:
             return None
         link = response.get("permalink")
         return str(link) if link else None
+
+    async def _address(self, client: AsyncWebClient) -> str | None:
+        """ "https://acme.slack.com/", or None (links are then asked for; asked again later)."""
+        try:
+            url = (await client.auth_test()).get("url")
+        except Exception as exc:
+            log.warning("no workspace address: %r", exc)
+            url = None
+        if isinstance(url, str) and url.startswith("https://") and url.endswith("/"):
+            return url
+        self._workspace = None
+        return None

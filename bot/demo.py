@@ -1,12 +1,11 @@
-"""The whole flow offline: a scripted model, no Slack, SQLite in a temporary file.
+"""The whole flow offline: a scripted model, no Slack, an embedded PostgreSQL in a temporary
+directory.
 
 It drives the same workflow the bot uses and prints what each person would see.
 """
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from genkit import Part, Role
@@ -25,6 +24,7 @@ from agent.workflow import (
     Workflow,
 )
 from bot import blocks
+from storage import embedded
 from storage.db import make_engine, make_session_factory
 from storage.migrate import upgrade
 
@@ -132,8 +132,8 @@ async def one_question(workflow: Workflow, ts: str, text: str, answer: str) -> N
 
 
 async def run_demo() -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        engine = make_engine(f"sqlite+aiosqlite:///{Path(tmp) / 'demo.db'}")
+    with embedded.temporary() as server:
+        engine = make_engine(server.url)
         try:
             await upgrade(engine)
             workflow = build_workflow(

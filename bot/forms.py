@@ -9,6 +9,7 @@ the workflow checks it against the schema in full (agent/questions.py, the tool'
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ TEXT_MAX = 3000  # Slack's most for a plain_text_input
 LABEL_MAX = 2000
 OPTION_MAX = 75  # an option's text
 FIELDS_MAX = 95  # inputs in one modal (100 blocks, a few for the rest)
+WHOLE = re.compile(r"-?[0-9]{1,4300}")  # Python's limit on int() of a string
 
 
 def properties(schema: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -71,6 +73,7 @@ def form_blocks(schema: Mapping[str, Any], values: Mapping[str, Any] | None = No
 
 def _element(prop: Mapping[str, Any], value: Any) -> Block:
     kind = _kind(prop)
+    shown = _prefilled(prop, value)
     if kind in ("number", "integer"):
         element: Block = {
             "type": "number_input",
@@ -80,26 +83,38 @@ def _element(prop: Mapping[str, Any], value: Any) -> Block:
         for key, slack in (("minimum", "min_value"), ("maximum", "max_value")):
             if isinstance(prop.get(key), int | float):
                 element[slack] = str(prop[key])
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            element["initial_value"] = str(value)
+        if shown:
+            element["initial_value"] = shown
         return element
     if kind in ("enum", "boolean"):
         choices = prop["enum"] if kind == "enum" else [True, False]
         options = [_option(c) for c in choices[:100]]
         element = {"type": "static_select", "action_id": "value", "options": options}
-        if value in choices:
+        if shown is not None:
             element["initial_option"] = _option(value)
         return element
     element = {"type": "plain_text_input", "action_id": "value", "max_length": TEXT_MAX}
+    element["multiline"] = kind == "json" or int(prop.get("maxLength") or TEXT_MAX) > 150
+    if shown:
+        element["initial_value"] = shown
+    return element
+
+
+def _prefilled(prop: Mapping[str, Any], value: Any) -> str | None:
+    """What the input for `value` starts with, as Slack sends it back when nobody touches
+    it (None: empty). A text longer than Slack lets an input hold starts cut."""
+    kind = _kind(prop)
+    if kind in ("number", "integer"):
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        return str(value) if number else None
+    if kind in ("enum", "boolean"):
+        choices = prop["enum"] if kind == "enum" else [True, False]
+        return _option(value)["value"] if value in choices else None
     if kind == "json":
-        element["multiline"] = True
         shown = json.dumps(value, ensure_ascii=False) if value is not None else None
     else:
-        element["multiline"] = int(prop.get("maxLength") or TEXT_MAX) > 150
         shown = value if isinstance(value, str) else None
-    if shown:
-        element["initial_value"] = shown[:TEXT_MAX]
-    return element
+    return shown[:TEXT_MAX] if shown else None
 
 
 def _option(choice: Any) -> Block:
@@ -111,20 +126,32 @@ def _option(choice: Any) -> Block:
 
 
 def form_values(
-    schema: Mapping[str, Any], state: Mapping[str, Any]
+    schema: Mapping[str, Any],
+    state: Mapping[str, Any],
+    prefilled: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """The values a submitted form holds, typed by the schema, and what could not be read
-    (by property: Slack shows each next to its input). An empty optional input is left out."""
-    values: dict[str, Any] = {}
+    (by property: Slack shows each next to its input). An empty optional input is left out.
+
+    `prefilled`: the values the form was opened with. An input sent back as it was opened
+    keeps its value exactly (a text longer than an input holds, a number a float would
+    round, a key the form has no input for): only what the person changed is read."""
+    before = dict(prefilled or {})
+    fields = properties(schema)
+    values: dict[str, Any] = {k: v for k, v in before.items() if k not in fields}
     errors: dict[str, str] = {}
-    for name, prop in properties(schema).items():
+    for name, prop in fields.items():
         raw = (state.get(name[:255]) or {}).get("value") or {}
         if "selected_option" in raw:
             picked = (raw.get("selected_option") or {}).get("value")
             text = None if picked is None else str(picked)
         else:
             text = raw.get("value")
-        if text is None or (isinstance(text, str) and not text.strip()):
+        if prefilled is not None and (text or None) == _prefilled(prop, before.get(name)):
+            if name in before:  # untouched: exactly as it was
+                values[name] = before[name]
+            continue
+        if text is None or not text.strip():
             continue
         try:
             values[name] = _typed(_kind(prop), str(text))
@@ -135,6 +162,8 @@ def form_values(
 
 def _typed(kind: str, text: str) -> Any:
     if kind in ("integer", "number"):
+        if WHOLE.fullmatch(text.strip()):  # exactly, however large (a float rounds past 2^53)
+            return int(text.strip())
         try:
             number = float(text)
         except ValueError:

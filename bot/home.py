@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -31,6 +32,8 @@ INBOX_SCAN = 100  # oldest pending requests looked at for one person's inbox
 OWN_SCAN = 50  # of one person's own open requests
 DEBOUNCE = 1.5  # seconds: changes within it publish a person's Home once
 KEPT = 10_000  # people whose Home this process remembers; the least recent are forgotten
+RECENT = 15 * 60.0  # seconds: a Home opened longer ago is not refreshed (it is on reopening)
+PUBLISHES_PER_MINUTE = 60  # refreshes by this process; the rest wait (views.publish: Tier 4)
 MAX_BLOCKS = 100  # Slack's limit for a Home view
 Key = tuple[str, str]  # (team, user)
 Links = Callable[[AsyncWebClient, Thread], Awaitable[str | None]]
@@ -56,10 +59,10 @@ def inbox_item(a: Approval, *, card_link: str | None, editable: bool) -> list[bl
         line += f"  ·  {link}"
     if (asked := _question(a)) is not None:
         line += f"\n_The agent asks:_ {asked}"
-    elif summary := blocks._summary(r.input):
+    elif summary := blocks._summary(a.current.input):  # the version a click decides
         line += f"\n{summary}"
     if a.edit is not None:
-        line += f"\n✏️ _changed by {blocks.mention(a.edit.by)}_"
+        line += f"\n✏️ _changed by {blocks.mention(a.edit.by)} (version {a.version})_"
     if r.approvals_needed > 1:
         line += f"\n{blocks.quorum_text(a)}"
     if r.question:
@@ -68,7 +71,7 @@ def inbox_item(a: Approval, *, card_link: str | None, editable: bool) -> list[bl
         buttons = [
             blocks._button("Approve", "approve", blocks.as_seen(a), "primary"),
             *([blocks._button("Edit & approve", "edit_approve", blocks.as_seen(a))] * editable),
-            blocks._button("Deny", "deny", a.id, "danger"),
+            blocks._button("Deny", "deny", blocks.as_seen(a), "danger"),
         ]
     # Block ids are unique within a view: one per request.
     return [
@@ -98,7 +101,7 @@ def own_item(a: Approval, *, thread_link: str | None, turn_waits: bool) -> block
         line += f"  ·  {link}"
     if (asked := _question(a)) is not None:
         line += f"\n{asked}"
-    elif summary := blocks._summary(r.input):
+    elif summary := blocks._summary(a.current.input):  # what will run, edits included
         line += f"\n{summary}"
     section = blocks._section(line)
     if r.asks == "requester" and a.decision is None:  # theirs to answer, here too
@@ -162,7 +165,9 @@ class HomeTabs:
 
     Remembers, per process and for at most KEPT people, which requests each Home showed,
     and a notice for the person (a refused click from the Home) until they open it again.
-    Changes within DEBOUNCE publish each affected Home once.
+    Changes within DEBOUNCE publish each affected Home once, and only the Homes opened in
+    the last RECENT seconds; at most PUBLISHES_PER_MINUTE refreshes a minute, so a busy
+    channel cannot spend Slack's views.publish limit (those over it wait their turn).
     """
 
     def __init__(
@@ -174,6 +179,9 @@ class HomeTabs:
         links: Links,
         summary: Callable[[Workflow, str], Awaitable[str]],
         delay: float = DEBOUNCE,
+        recent: float = RECENT,
+        per_minute: int = PUBLISHES_PER_MINUTE,
+        now: Callable[[], float] = time.monotonic,
     ) -> None:
         self._workflow = workflow
         self._people = people
@@ -181,6 +189,11 @@ class HomeTabs:
         self._links = links
         self._summary = summary
         self._delay = delay
+        self._recent = recent
+        self._per_minute = per_minute
+        self._now = now
+        self._opened: dict[Key, float] = {}  # when each remembered Home was last opened
+        self._spent: deque[float] = deque()  # when the refreshes of the last minute began
         self._shown: OrderedDict[Key, frozenset[str]] = OrderedDict()
         self._watchers: dict[str, set[Key]] = {}  # approval id -> Homes showing it
         self._notices: dict[Key, str] = {}
@@ -196,6 +209,7 @@ class HomeTabs:
         key = (team, user)
         if opened:
             self._notices.pop(key, None)
+            self._opened[key] = self._now()
         lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
         self._locks[key] = (lock, users + 1)
         try:
@@ -212,7 +226,7 @@ class HomeTabs:
         facts = self._people.deciding(client, user, clicked_in=None, home=True)
         inbox = await self._workflow.inbox(team, user, facts, scan=INBOX_SCAN)
         own = await self._workflow.requested_by(team, user, limit=OWN_SCAN)
-        admin = await self._people.is_admin(client, user)
+        admin = await self._people.is_admin(client, user, team)
         policy = await self._summary(self._workflow, team) if admin else None
         cards = [
             (a.id, Thread("", a.card.channel, a.card.ts))
@@ -248,6 +262,7 @@ class HomeTabs:
             oldest = next(iter(self._shown))
             self._forget(oldest)
             self._notices.pop(oldest, None)
+            self._opened.pop(oldest, None)
 
     def _forget(self, key: Key) -> None:
         for approval_id in self._shown.pop(key, ()):
@@ -260,6 +275,7 @@ class HomeTabs:
     async def tell(self, client: AsyncWebClient, team: str, user: str, text: str) -> None:
         """Say something to the person on their Home (where they clicked), at its top."""
         self._notices[(team, user)] = text
+        self._opened[(team, user)] = self._now()  # they are looking at it
         await self.publish(client, team, user)
 
     def changed(self, client: AsyncWebClient, approval: Approval) -> None:
@@ -269,6 +285,8 @@ class HomeTabs:
         due = set(self._watchers.get(approval.id, ()))
         if requester in self._shown:
             due.add(requester)
+        since = self._now() - self._recent
+        due = {key for key in due if self._opened.get(key, since - 1) >= since}
         if not due:
             return
         self._due |= due
@@ -277,9 +295,16 @@ class HomeTabs:
 
     def _flush(self, client: AsyncWebClient) -> None:
         self._timer = None
-        due, self._due = self._due, set()
-        for team, user in due:
+        now = self._now()
+        while self._spent and self._spent[0] <= now - 60:
+            self._spent.popleft()
+        for _ in range(min(len(self._due), self._per_minute - len(self._spent))):
+            team, user = self._due.pop()
+            self._spent.append(now)
             self._background.spawn(self.publish(client, team, user), name="home")
+        if self._due:  # over the limit: the rest when the oldest refresh is a minute old
+            wait = max(self._delay, self._spent[0] + 60 - now)
+            self._timer = asyncio.get_running_loop().call_later(wait, self._flush, client)
 
     def close(self) -> None:
         """Stop a refresh that is waiting for its time (at shutdown)."""

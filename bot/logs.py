@@ -10,8 +10,6 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from pythonjsonlogger.json import JsonFormatter
-
 LogFormat = Literal["text", "json"]
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -19,6 +17,8 @@ TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def setup_logging(level: str, fmt: LogFormat = "text") -> None:
     handler = logging.StreamHandler()
     if fmt == "json":
+        from pythonjsonlogger.json import JsonFormatter  # ~35 ms, for LOG_FORMAT=json only
+
         handler.setFormatter(
             JsonFormatter(
                 "%(levelname)s %(name)s %(message)s",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -16,8 +17,10 @@ from agent.policy import ApproverFacts, Policy
 from agent.workflow import Approval
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CACHE_TTL = timedelta(seconds=60)
+CACHE_KEPT = 10_000  # entries per cache: past it the expired go, then the oldest
 MEMBER_PAGES = 10  # of conversations.members (1000 each): an approver channel is smaller
 
 
@@ -32,26 +35,48 @@ class People:
         self._admins = frozenset(admin_users)
         self._clock = clock
         self._ttl = ttl
-        self._admin_cache: dict[str, tuple[datetime, bool]] = {}
+        self._user_cache: dict[str, tuple[datetime, dict[str, Any] | None]] = {}
         self._group_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
         self._private_cache: dict[str, tuple[datetime, bool]] = {}
         self._member_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
 
-    async def is_admin(self, client: AsyncWebClient, user: str) -> bool:
-        """ADMIN_USERS, or a workspace admin or owner according to users.info."""
+    def _keep(self, cache: dict[str, tuple[datetime, T]], key: str, value: T) -> None:
+        """Cache `value` for the TTL, in a cache of at most CACHE_KEPT entries."""
+        now = self._clock()
+        if len(cache) >= CACHE_KEPT:
+            for stale in [k for k, (until, _) in cache.items() if until <= now]:
+                del cache[stale]
+            while len(cache) >= CACHE_KEPT:
+                del cache[next(iter(cache))]  # the oldest
+        cache.pop(key, None)  # re-inserted: the newest
+        cache[key] = (now + self._ttl, value)
+
+    async def is_admin(self, client: AsyncWebClient, user: str, team: str | None = None) -> bool:
+        """ADMIN_USERS, or a workspace admin or owner according to users.info; never a guest
+        or a person of another organisation (Slack Connect)."""
         if user in self._admins:
             return True
-        cached = self._admin_cache.get(user)
+        info = await self._user(client, user)
+        if info is None or outsider(info, team):
+            return False  # fail closed: no policy change on a doubt
+        return bool(info.get("is_admin") or info.get("is_owner") or info.get("is_primary_owner"))
+
+    async def is_outsider(self, client: AsyncWebClient, user: str, team: str | None) -> bool:
+        """Whether `user` is a guest or of another organisation (True when Slack cannot say)."""
+        info = await self._user(client, user)
+        return info is None or outsider(info, team)
+
+    async def _user(self, client: AsyncWebClient, user: str) -> dict[str, Any] | None:
+        cached = self._user_cache.get(user)
         if cached and cached[0] > self._clock():
             return cached[1]
         try:
-            info = (await client.users_info(user=user))["user"]
+            info: dict[str, Any] = (await client.users_info(user=user))["user"]
         except SlackApiError as exc:
             log.warning("users.info failed for %s: %s", user, exc.response.get("error"))
-            return False  # fail closed: no policy change on a doubt
-        admin = bool(info.get("is_admin") or info.get("is_owner") or info.get("is_primary_owner"))
-        self._admin_cache[user] = (self._clock() + self._ttl, admin)
-        return admin
+            return None
+        self._keep(self._user_cache, user, info)
+        return info
 
     async def group_members(self, client: AsyncWebClient, group: str) -> frozenset[str]:
         cached = self._group_cache.get(group)
@@ -63,7 +88,7 @@ class People:
             log.warning("usergroups.users.list failed for %s: %s", group, exc.response.get("error"))
             return frozenset()
         members = frozenset(users)
-        self._group_cache[group] = (self._clock() + self._ttl, members)
+        self._keep(self._group_cache, group, members)
         return members
 
     async def is_private(self, client: AsyncWebClient, channel: str) -> bool:
@@ -78,7 +103,7 @@ class People:
             log.warning("conversations.info failed for %s: %s", channel, exc.response.get("error"))
             return False
         private = bool(info.get("is_private"))
-        self._private_cache[channel] = (self._clock() + self._ttl, private)
+        self._keep(self._private_cache, channel, private)
         return private
 
     async def channel_members(self, client: AsyncWebClient, channel: str) -> frozenset[str]:
@@ -103,7 +128,7 @@ class People:
             )
             return frozenset()
         found = frozenset(members)
-        self._member_cache[channel] = (self._clock() + self._ttl, found)
+        self._keep(self._member_cache, channel, found)
         return found
 
     async def approver_facts(
@@ -116,6 +141,7 @@ class People:
         card_channel: str | None,
         escalation_channel: str | None = None,
         home: bool = False,
+        team: str | None = None,
     ) -> ApproverFacts:
         """Groups the policy names that `user` is in, whether they clicked on the card's own
         channel (or, once escalated, the escalation channel's card), and whether such a
@@ -134,6 +160,7 @@ class People:
             if home and not public:
                 in_channel = user in await self.channel_members(client, card_channel)
         in_escalation = clicked_in is not None and clicked_in == escalation_channel
+        guest = await self.is_outsider(client, user, team)
         public_escalation = False
         if escalation_channel and not (policy.escalate_users or policy.escalate_groups):
             public_escalation = not await self.is_private(client, escalation_channel)
@@ -146,6 +173,7 @@ class People:
             public_channel=public,
             in_escalation_channel=in_escalation,
             public_escalation_channel=public_escalation,
+            outsider=guest,
         )
 
     def deciding(
@@ -165,6 +193,17 @@ class People:
                 card_channel=card_channel,
                 escalation_channel=escalated.channel if escalated else None,
                 home=home,
+                team=approval.thread.team_id,
             )
 
         return facts
+
+
+def outsider(info: dict[str, Any], team: str | None) -> bool:
+    """A guest (`is_restricted`: multi-channel, `is_ultra_restricted`: single-channel), or
+    a person whose home is another organisation (a Slack Connect channel's member): neither
+    may approve or administer, whatever else they are."""
+    if info.get("is_restricted") or info.get("is_ultra_restricted") or info.get("is_stranger"):
+        return True
+    home = info.get("team_id")
+    return team is not None and home is not None and home != team

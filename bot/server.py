@@ -12,13 +12,13 @@ import signal
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import SecretStr
-from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
@@ -30,9 +30,9 @@ from agent.approval import ToolTimeouts
 from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.files import FileTools
 from agent.limits import MessageLimits
-from agent.mcp_tools import McpServers, McpTools
+from agent.mcp_config import McpServers
 from agent.models import Credentials, ModelPluginError, Resilience
-from agent.policy import PolicyDefaults
+from agent.policy import policy_defaults
 from agent.policy_file import PolicyFile
 from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig, ToolModuleError
 from agent.workflow import Workflow
@@ -47,14 +47,21 @@ from bot.listeners.commands import policy_summary
 from bot.metrics import Metrics
 from bot.people import People
 from bot.settings import ConfigError, Settings
+from storage import embedded
 from storage.db import make_engine, make_session_factory
-from storage.migrate import upgrade
+
+if TYPE_CHECKING:
+    from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
+
+    from agent.mcp_tools import McpTools
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_GRACE = 25.0  # seconds for in-flight work before it is cut off
 FOLLOW_UP_INTERVAL = 5.0  # seconds between looks for due reminders and escalations
 SLACK_PATH = "/slack/events"
+# Socket Mode: seconds between pings to Slack; a connection silent for four of them is stale,
+# and reconnecting after a failure waits one (slack_sdk's SocketModeClient).
+SOCKET_PING_INTERVAL = 10.0
 HEALTH_TIMEOUT = 2.0  # seconds /healthz waits for the database before it answers 503
 
 
@@ -139,7 +146,7 @@ def read_policy_file(path: Path | None) -> PolicyFile | None:
     try:
         return policy_files.load(path)
     except policy_files.PolicyFileError as exc:
-        raise ConfigError([f"POLICY_FILE {exc}"]) from None
+        raise ConfigError([f"POLICY_FILE {p}" for p in exc.problems]) from None
 
 
 class Service:
@@ -151,6 +158,7 @@ class Service:
         *,
         host: str = "0.0.0.0",  # noqa: S104
         clock: Callable[[], datetime] = utc_now,
+        socket_ping_interval: float = SOCKET_PING_INTERVAL,
     ) -> None:
         # Checked here too, not only by the CLI: without a signing secret Bolt would take
         # unsigned HTTP requests as Slack's.
@@ -159,9 +167,12 @@ class Service:
         self.settings = settings
         self.host = host
         self._clock = clock
+        self._ping_interval = socket_ping_interval
         self.port: int | None = None
         # Connections kept open: past them, each burst opens (and the pool later closes)
         # one per extra request, which costs both sides far more than the statements.
+        if settings.DATABASE_URL is None:
+            raise ConfigError(["DATABASE_URL is not set (serve() starts the embedded server)"])
         self._engine = make_engine(settings.DATABASE_URL, pool_size=settings.DATABASE_POOL_SIZE)
         # /healthz has a connection of its own, outside the pool: a pool that busy work
         # exhausted would make it wait (30 s) for one, not tell whether the database answers.
@@ -182,6 +193,8 @@ class Service:
     async def start(self) -> None:
         s = self.settings
         if s.MIGRATE_ON_START:
+            from storage.migrate import upgrade  # Alembic: only when it runs
+
             await upgrade(self._engine)
         policy_file = read_policy_file(s.POLICY_FILE)
         servers = mcp_servers(s, policy_file)
@@ -189,13 +202,15 @@ class Service:
         self.metrics.queue_depth_from(lambda: background.waiting)
         workflow = self._workflow(policy_file, background, servers)
         assistant = AssistantThreads(s.ASSISTANT_PROMPTS)
+        people = People(admin_users=s.ADMIN_USERS, clock=self._clock)
         delivery = Delivery(
             workflow,
             clock=self._clock,
             stream_interval=s.STREAM_INTERVAL_SECONDS,
             assistant_thread=assistant.knows,
+            # Its own cache: a card's post must not make a click see a channel's privacy late.
+            is_private=People(admin_users=s.ADMIN_USERS, clock=self._clock).is_private,
         )
-        people = People(admin_users=s.ADMIN_USERS, clock=self._clock)
         home = HomeTabs(
             workflow=workflow,
             people=people,
@@ -229,9 +244,12 @@ class Service:
             api_url=s.SLACK_API_URL,
             slack_errors=self.metrics.slack_api_error,
         )
-        self.mcp = McpTools(servers, workflow.runtime)
-        self.mcp.on_added = functools.partial(self._mcp_tools_added, workflow, policy_file)
-        await self.mcp.start()
+        if servers:
+            from agent.mcp_tools import McpTools  # the MCP SDK: only when a server is set
+
+            self.mcp = McpTools(servers, workflow.runtime)
+            self.mcp.on_added = functools.partial(self._mcp_tools_added, workflow, policy_file)
+            await self.mcp.start()
         await self._prepare_policy(app.client, workflow, policy_file)
         # Socket Mode gets no Slack route: unsigned HTTP requests must never reach Bolt.
         web_app = web.Application() if s.socket_mode else app.web_app(path=SLACK_PATH)
@@ -245,7 +263,11 @@ class Service:
         await site.start()
         self.port = self._runner.addresses[0][1]
         if s.SLACK_APP_TOKEN is not None:
-            self._socket = AsyncSocketModeHandler(app, s.SLACK_APP_TOKEN.get_secret_value())
+            from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
+
+            self._socket = AsyncSocketModeHandler(
+                app, s.SLACK_APP_TOKEN.get_secret_value(), ping_interval=self._ping_interval
+            )
             await self._socket.connect_async()  # type: ignore[no-untyped-call]
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="recovery sweep")
         self._follower = asyncio.create_task(self._follow_up_forever(), name="follow-ups")
@@ -281,11 +303,10 @@ class Service:
                 fallbacks=tuple(s.AGENT_FALLBACK_MODELS),
             ),
         )
-        file_defaults = policy_file.defaults if policy_file else policy_files.Defaults()
-        defaults = PolicyDefaults(
+        defaults = policy_defaults(
+            policy_file,
             channel=s.APPROVER_CHANNEL,
-            timeout=file_defaults.timeout or timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS),
-            approvals=file_defaults.approvals or 1,
+            timeout=timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS),
         )
         try:
             workflow = build_workflow(
@@ -313,7 +334,7 @@ class Service:
         except (ToolModuleError, ModelPluginError) as exc:
             raise ConfigError([str(exc)]) from None
         except policy_files.PolicyFileError as exc:
-            raise ConfigError([f"POLICY_FILE {exc}"]) from None
+            raise ConfigError([f"POLICY_FILE {p}" for p in exc.problems]) from None
         return workflow
 
     async def _prepare_policy(
@@ -346,19 +367,22 @@ class Service:
         log.info("POLICY_FILE set the policy of MCP tool(s) as they joined: %s", changed)
 
     async def stop(self) -> None:
-        """Stop taking work, let in-flight turns finish, close connections."""
+        """Stop taking work, let in-flight turns finish, close connections.
+
+        The Slack socket closes first: Slack then sends this replica's envelopes to the
+        others (or retries them) instead of to a process that is going away."""
+        if self._socket is not None:
+            await self._socket.close_async()  # type: ignore[no-untyped-call]
         for loop in (self._sweeper, self._follower):
             if loop is not None:
                 loop.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await loop
-        if self._socket is not None:
-            await self._socket.close_async()  # type: ignore[no-untyped-call]
         if self._runner is not None:
             await self._runner.cleanup()
         if self.deps is not None:
             self.deps.home.close()
-            cut = await self.deps.background.drain(SHUTDOWN_GRACE)
+            cut = await self.deps.background.drain(self.settings.SHUTDOWN_GRACE_SECONDS)
             if cut:
                 log.warning(
                     "shutdown cut off %d turns: resumes were handed back for the next "
@@ -374,6 +398,11 @@ class Service:
         await self._health.dispose()
 
     async def _healthz(self, request: web.Request) -> web.Response:
+        """200 when the database answers and, in Socket Mode, a connection to Slack is up:
+        a replica without one receives nothing, so it is not ready."""
+        link = self._socket.client if self._socket is not None else None  # slack_sdk's
+        if link is not None and not await link.is_connected():
+            return web.json_response({"ok": False, "slack": "disconnected"}, status=503)
         try:
             async with asyncio.timeout(HEALTH_TIMEOUT), self._health.connect() as conn:
                 await conn.execute(text("SELECT 1"))
@@ -432,16 +461,17 @@ def freeze_heap() -> None:
 
 
 async def serve(settings: Settings, *, host: str = "0.0.0.0") -> None:  # noqa: S104
-    """Run until SIGTERM or SIGINT."""
-    service = Service(settings, host=host)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await service.start()
-        freeze_heap()
-        await stop.wait()
-        log.info("shutting down")
-    finally:
-        await service.stop()
+    """Run until SIGTERM or SIGINT; with DATABASE_URL unset, on the embedded PostgreSQL."""
+    with embedded.unless_given(settings.DATABASE_URL) as url:
+        service = Service(settings.model_copy(update={"DATABASE_URL": url}), host=host)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await service.start()
+            freeze_heap()
+            await stop.wait()
+            log.info("shutting down")
+        finally:
+            await service.stop()

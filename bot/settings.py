@@ -13,12 +13,16 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
-from agent.mcp_tools import McpServers, parse_servers
+from agent.mcp_config import McpServers, parse_servers
 from agent.models import missing_plugins, provider, unknown_model
 from bot.assistant import Prompt
 
-DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./greenlight.db"
+SHUTDOWN_GRACE = 25.0  # seconds in-flight work gets at SIGTERM before it is cut off
+# The database an unset DATABASE_URL meant before Greenlight ran on PostgreSQL alone.
+OLD_DEFAULT_DATABASE = Path("greenlight.db")
 DEFAULT_MODEL = "googleai/gemini-flash-latest"
 DEFAULT_TOOLS = "agent.example_tools"
 
@@ -46,7 +50,7 @@ class Settings(BaseSettings):
     SLACK_API_URL: str | None = None
     PORT: int = Field(default=3000, ge=0, le=65535)  # 0: any free port (tests)
 
-    DATABASE_URL: str = DEFAULT_DATABASE_URL
+    DATABASE_URL: str | None = None  # unset: the embedded PostgreSQL in ./greenlight-data
     DATABASE_POOL_SIZE: int = Field(default=20, ge=1, le=1000)
     MIGRATE_ON_START: bool = True
 
@@ -66,7 +70,7 @@ class Settings(BaseSettings):
     AGENT_ASK_HUMAN: bool = True  # the built-in askHuman: the agent may ask a person
     AGENT_FILES_ROOT: Path | None = None  # file tools (genkit-middleware Filesystem) under it
     AGENT_ARTIFACTS: bool = False  # artifact tools (genkit-middleware Artifacts)
-    # MCP servers whose tools the agent gets (agent/mcp_tools.py): JSON, name -> config.
+    # MCP servers whose tools the agent gets (agent/mcp_config.py): JSON, name -> config.
     MCP_SERVERS: Annotated[McpServers, NoDecode] = Field(default_factory=dict)
 
     APPROVER_CHANNEL: str | None = None
@@ -76,6 +80,7 @@ class Settings(BaseSettings):
     RECOVERY_INTERVAL_SECONDS: float = Field(default=5.0, gt=0)
     RESUME_LEASE_SECONDS: float = Field(default=15.0, gt=0)
     TOOL_TIMEOUT_SECONDS: float = Field(default=15 * 60.0, gt=0)  # an approved call's run
+    SHUTDOWN_GRACE_SECONDS: float = Field(default=SHUTDOWN_GRACE, ge=0, le=3600)
     MAX_CONCURRENT_TURNS: int = Field(default=8, ge=1, le=4096)
     RETENTION_DAYS: int = Field(default=90, ge=1, le=36500)
     AUDIT_RETENTION_DAYS: int = Field(default=400, ge=1, le=36500)
@@ -122,12 +127,22 @@ class Settings(BaseSettings):
 
     @field_validator("DATABASE_URL")
     @classmethod
-    def _async_driver(cls, value: str) -> str:
-        if not value.startswith(("postgresql+asyncpg://", "sqlite+aiosqlite://")):
+    def _postgresql(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            url = make_url(value)
+        except ArgumentError:
+            raise ValueError("must be postgresql+asyncpg://user:pass@host/db") from None
+        if (backend := url.get_backend_name()) != "postgresql":
             raise ValueError(
-                "must use an async driver: postgresql+asyncpg://user:pass@host/db "
-                "or sqlite+aiosqlite:///path.db"
+                f"names a {backend} database: Greenlight now runs on PostgreSQL only (SQLite "
+                f"support was removed). The data in {url.database or 'it'} is not carried "
+                "over and is left as it is. Set postgresql+asyncpg://user:pass@host/db, or "
+                "unset DATABASE_URL for the embedded PostgreSQL in ./greenlight-data"
             )
+        if url.drivername != "postgresql+asyncpg":
+            raise ValueError("must use the async driver: postgresql+asyncpg://user:pass@host/db")
         return value
 
     @field_validator("APPROVER_CHANNEL")
@@ -182,6 +197,20 @@ class Settings(BaseSettings):
         if value.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR")
         return value.upper()
+
+    @model_validator(mode="after")
+    def _no_old_database(self) -> Settings:
+        # An upgrade must not silently start on an empty database beside the old one.
+        if self.DATABASE_URL is None and OLD_DEFAULT_DATABASE.exists():
+            raise ValueError(
+                f"DATABASE_URL is unset, and ./{OLD_DEFAULT_DATABASE} is the SQLite database "
+                "an earlier Greenlight used then. Greenlight now runs on PostgreSQL only: "
+                "unset, DATABASE_URL means an embedded PostgreSQL in ./greenlight-data. "
+                "The old file's conversations, approvals, policy and audit trail are not "
+                "carried over, and the file is left as it is. Move or delete it to start "
+                "afresh, or set DATABASE_URL to your PostgreSQL"
+            )
+        return self
 
     @model_validator(mode="after")
     def _audit_outlives_data(self) -> Settings:

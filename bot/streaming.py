@@ -55,6 +55,17 @@ def _word_end(text: str, start: int) -> int:
     return end if end > start or len(text) - start < WORD_MAX else len(text)
 
 
+def _link_whole(text: str, start: int, end: int) -> int:
+    """`end`, or earlier: before a `[` that may open a markdown link the model has not
+    finished writing, so that the link goes out in one piece and is neutralised whole
+    (unless it stays open past WORD_MAX characters: then it is no link)."""
+    opened = text.rfind("[", start, end)
+    if opened == -1 or end - opened > WORD_MAX:
+        return end
+    link = blocks.MARKDOWN_LINK.match(text, opened)
+    return end if link is not None and link.end() <= end else opened
+
+
 class ReplyStream:
     """One turn's reply in one thread. `placeholder` is the "Thinking…" message posted
     while the model starts (None where Slack shows a status instead: assistant threads);
@@ -128,9 +139,9 @@ class ReplyStream:
 
     async def _flush(self) -> None:
         self._last = self._clock()
-        upto = _word_end(self._seen, self._sent)
+        upto = _link_whole(self._seen, self._sent, _word_end(self._seen, self._sent))
         if upto <= self._sent:
-            return  # one word so far: it goes out whole, so a URL in it is seen whole
+            return  # one word (or an open link) so far: it goes out whole, seen whole
         piece = blocks.inert_links(blocks.escape(self._seen[self._sent : upto]))
         self._sent = upto
         if not self._failed:

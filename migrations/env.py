@@ -16,11 +16,7 @@ target_metadata = Base.metadata
 
 
 def _run(connection: Connection) -> None:
-    context.configure(
-        connection=connection,
-        target_metadata=target_metadata,
-        render_as_batch=connection.dialect.name == "sqlite",
-    )
+    context.configure(connection=connection, target_metadata=target_metadata)
     with context.begin_transaction():
         context.run_migrations()
 
@@ -42,7 +38,7 @@ def main() -> None:
         return
     url = os.environ.get("DATABASE_URL") or config.get_main_option("sqlalchemy.url")
     if not url:
-        raise SystemExit("Set DATABASE_URL (postgresql+asyncpg://... or sqlite+aiosqlite:///...)")
+        raise SystemExit("Set DATABASE_URL (postgresql+asyncpg://user:pass@host/db)")
     asyncio.run(_run_async(url))
 
 

@@ -19,7 +19,6 @@ import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from types import EllipsisType
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -177,6 +176,7 @@ _completes = guard(APPROVE)  # read off the row as it was: this vote completes t
 
 
 _EDITED = sa.bindparam("edited", type_=sa.JSON(none_as_null=True))
+_EDITED_PREVIEW = sa.bindparam("new_preview", type_=A.c.edited_preview.type)
 
 
 def _if_complete(value: Any) -> sa.Case[Any]:
@@ -196,10 +196,13 @@ APPROVING = Atomic(
         decided_by=_if_complete(sa.bindparam("by")),
         decided_at=_if_complete(NOW),
         reason=_if_complete(sa.bindparam("because")),
-        # Approved with changes (one approver needed): the edit is part of the decision.
+        # Approved with changes (one approver needed): the edit is part of the decision,
+        # and the version it makes is the one approved.
         edited_input=sa.func.coalesce(_EDITED, A.c.edited_input),
         edited_by=sa.case((_EDITED.is_not(None), sa.bindparam("by")), else_=A.c.edited_by),
         edited_at=sa.case((_EDITED.is_not(None), NOW), else_=A.c.edited_at),
+        edited_preview=sa.case((_EDITED.is_not(None), _EDITED_PREVIEW), else_=A.c.edited_preview),
+        version=sa.case((_EDITED.is_not(None), A.c.version + 1), else_=A.c.version),
     )
     .returning(A, _OTHERS_PENDING),
     NewRow(V, "vote_"),
@@ -211,21 +214,20 @@ DENYING = Atomic(
     ).returning(_OTHERS_PENDING),
     NOTE,
 )
-# EDIT: the changes, the votes reset to the editor's; in one transaction (edits are rare).
+# EDIT: a new version, its votes the editor's alone; in one transaction (edits are rare).
 EDITING = write(
     EDIT,
     votes=1,
-    edited_input=sa.bindparam("edited", type_=sa.JSON(none_as_null=True)),
+    version=A.c.version + 1,
+    edited_input=_EDITED,
     edited_by=sa.bindparam("by"),
     edited_at=NOW,
+    edited_preview=_EDITED_PREVIEW,
 )
 _EDITOR = sa.bindparam("by", type_=V.c.voter.type)
-OTHER_VOTES = sa.delete(V).where(V.c.approval_id == ROW_ID, V.c.voter != _EDITOR)
-EDITORS_VOTE = sa.insert(V).from_select(
-    ["approval_id", "voter", "at"],
-    sa.select(ROW_ID, _EDITOR, NOW).where(
-        ~sa.exists().where(V.c.approval_id == ROW_ID, V.c.voter == _EDITOR)
-    ),
+EARLIER_VOTES = sa.delete(V).where(V.c.approval_id == ROW_ID)  # they named other versions
+EDITORS_VOTE = sa.insert(V).values(
+    approval_id=ROW_ID, voter=_EDITOR, at=NOW, version=sa.bindparam("new_version")
 )
 ANSWERING = Atomic(
     write(
@@ -515,23 +517,28 @@ class ApprovalStore:
         decision: Approved | Denied,
         *,
         edited: Edit | None = None,
-        seen: datetime | EllipsisType | None = ...,
+        seen: int | None = None,
     ) -> tuple[Approval, int]:
-        """An Approve (VOTE, or APPROVE once it completes the quorum; `edited`: with changes,
-        of a request one approver decides) or DENY, audited; the approval as it is now, and
-        how many of its turn's approvals still wait. IllegalTransition (with the current
-        approval) when it was decided already, its deadline passed, this person approved it
-        before, or it was changed since the approver `seen` it (by default: as `approval`
-        shows it)."""
-        decided = replace(approval, decision=decision, edit=edited or approval.edit)
+        """An Approve of version `seen` (VOTE, or APPROVE once it completes the quorum;
+        `edited`: with changes, of a request one approver decides, approving the version
+        they make) or a DENY of it, audited; the approval as it is now, and how many of its
+        turn's approvals still wait. IllegalTransition (with the current approval) when it
+        was decided already, its deadline passed, this person approved it before, or `seen`
+        (by default: `approval`'s version) is no longer the current version."""
+        seen = approval.version if seen is None else seen
+        version = seen + 1 if edited else seen
+        decided = replace(
+            approval, decision=decision, edit=edited or approval.edit, version=version
+        )
         params: dict[str, Any] = {"by": decision.by, "because": decision.reason}
         params |= {"now": decision.at, "edited": edited.input if edited else None}
-        params["seen"] = _seen(approval, seen)
+        params |= {"new_preview": edited.preview if edited else None, "seen": seen}
         if isinstance(decision, Denied):
             row = await self._change(DENYING, DENY, decided, decision.at, params)
             return _approval(row._mapping, approval.thread), int(row.others_pending)
         vote = NewRow(V, "vote_").params(
             {"approval_id": approval.id, "voter": decision.by, "at": decision.at}
+            | {"version": version}
         )
         try:
             row = await self._change(APPROVING, APPROVE, decided, decision.at, params | vote)
@@ -550,21 +557,21 @@ class ApprovalStore:
         [now] = await self._with_votes([_approval(row._mapping, approval.thread)])
         return now, int(row.others_pending)
 
-    async def edit(
-        self, approval: Approval, edit: Edit, *, seen: datetime | EllipsisType | None = ...
-    ) -> Approval:
-        """EDIT a request that needs several approvers, audited, in one transaction: the
-        changes stand with the editor's vote alone. IllegalTransition when it was decided,
-        its deadline passed, or it needs one approver (then the edit is an APPROVE)."""
-        edited = replace(approval, edit=edit, votes=(Vote(edit.by, edit.at),))
+    async def edit(self, approval: Approval, edit: Edit, *, seen: int | None = None) -> Approval:
+        """EDIT a request that needs several approvers, audited, in one transaction: a new
+        version, standing with the editor's vote alone. IllegalTransition when it was
+        decided, its deadline passed, `seen` (by default: `approval`'s version) is no longer
+        the current version, or it needs one approver (then the edit is an APPROVE)."""
+        seen = approval.version if seen is None else seen
+        edited = replace(approval, edit=edit, votes=(Vote(edit.by, edit.at),), version=seen + 1)
         params = _key(approval) | {"by": edit.by, "edited": edit.input, "now": edit.at}
-        params["seen"] = _seen(approval, seen)
+        params |= {"new_preview": edit.preview, "seen": seen, "new_version": seen + 1}
         note = NOTE.params(_audit(EDIT, edited, edit.at))
         async with self._sessions.begin() as db:
             row = (await db.execute(EDITING, params)).first()
             if row is None:  # nothing was written: say why
                 raise await _refusal(db, EDIT, _EXPLAIN_APPROVAL, params)
-            await db.execute(OTHER_VOTES, params)
+            await db.execute(EARLIER_VOTES, params)
             await db.execute(EDITORS_VOTE, params)
             await db.execute(NOTE.alone(), note)
         [now] = await self._with_votes([_approval(row._mapping, approval.thread)])
@@ -599,7 +606,8 @@ class ApprovalStore:
         """START_EXECUTION of an approved call, audited, committed before the tool runs: the
         one gate every execution passes. IllegalTransition, with the approval as it is now,
         for every caller but the first."""
-        call = {"call_tool": approval.request.tool, "call_ref": approval.request.ref}
+        r = approval.request
+        call = {"call_tool": r.tool, "call_ref": r.ref, "call_version": approval.version}
         await self._change(START, START_EXECUTION, approval, now, call)
 
     async def finish_execution(self, approval: Approval, *, output: Any, now: datetime) -> None:
@@ -830,14 +838,6 @@ def _thread(thread: Thread) -> dict[str, str]:
     return {"team": thread.team_id, "channel": thread.channel_id, "thread": thread.thread_ts}
 
 
-def _seen(approval: Approval, seen: datetime | EllipsisType | None) -> datetime | None:
-    """The edit an approver saw (its time; None: the request unedited): as given, or as
-    `approval` shows it."""
-    if seen is ...:
-        return approval.edit.at if approval.edit else None
-    return seen
-
-
 def _key(approval: Approval) -> dict[str, str]:
     return {"row_id": approval.id, "team": approval.thread.team_id}
 
@@ -909,6 +909,7 @@ def _approval(row: Mapping[Any, Any], thread: Thread) -> Approval:
         approvals_needed=row["approvals_needed"],
         context=Context() if row["context"] is None else CONTEXT.validate_python(row["context"]),
         asks=row["asks"],
+        asked=None if row["asked_input"] is None else dict(row["asked_input"]),
     )
     channel = row["card_channel"]
     card = None if channel is None else Card(channel, row["card_ts"], CardState(row["card_state"]))
@@ -925,7 +926,9 @@ def _approval(row: Mapping[Any, Any], thread: Thread) -> Approval:
         )
     edit = None
     if row["edited_input"] is not None:
-        edit = Edit(dict(row["edited_input"]), row["edited_by"], row["edited_at"])
+        edit = Edit(
+            dict(row["edited_input"]), row["edited_by"], row["edited_at"], row["edited_preview"]
+        )
     return Approval(
         id=row["id"],
         turn_id=row["turn_id"],
@@ -937,6 +940,7 @@ def _approval(row: Mapping[Any, Any], thread: Thread) -> Approval:
         card=card,
         reminder=reminder,
         escalation=escalation,
+        version=row["version"],
     )
 
 
@@ -987,6 +991,9 @@ def _columns(approval: Approval) -> dict[str, Any]:
         "edited_input": None,
         "edited_by": None,
         "edited_at": None,
+        "edited_preview": None,
+        "version": approval.version,
+        "asked_input": r.asked,
         "status": REQUEST.enters,
         "decided_by": None,
         "decided_at": None,

@@ -24,28 +24,10 @@ PING_AFTER_IDLE_SECONDS = 2.0
 
 
 def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
-    """Create the engine; SQLite gets WAL and a busy timeout so concurrent writers wait,
-    PostgreSQL a cheap liveness check per checkout (see `_check_alive`)."""
-    if url.startswith("sqlite"):
-        engine = create_async_engine(url, connect_args={"timeout": 30}, **kwargs)
-
-        @event.listens_for(engine.sync_engine, "connect")
-        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-            # pysqlite's own transaction handling defers BEGIN; take it over so that
-            # "BEGIN IMMEDIATE" below really serialises writers.
-            dbapi_conn.isolation_level = None
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.close()
-
-        @event.listens_for(engine.sync_engine, "begin")
-        def _begin(conn: Any) -> None:
-            # Writers take the lock up front: no deadlock upgrading a read lock to a write.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-        return engine
+    """Create the engine, with a cheap liveness check per checkout (see `_check_alive`)."""
+    # Bound parameters are people's words, tool inputs and answers: never in an error's text
+    # (which reaches the log).
+    kwargs.setdefault("hide_parameters", True)
     engine = create_async_engine(url, **kwargs)
     if kwargs.get("pool_pre_ping"):
         return engine
@@ -78,14 +60,10 @@ def make_session_factory(engine: AsyncEngine) -> SessionFactory:
 
 @contextlib.asynccontextmanager
 async def autocommit(sessions: SessionFactory) -> AsyncIterator[AsyncSession]:
-    """A session for lookups and lone writes, which need no transaction around them.
-
-    On PostgreSQL each statement commits on its own: no BEGIN and COMMIT round trips (a
-    transition and its audit row are one statement there). On SQLite (local calls, no round
-    trips) the session commits at the end as usual, so what it wrote is atomic.
-    """
+    """A session for lookups and lone writes, which need no transaction around them: each
+    statement commits on its own, with no BEGIN and COMMIT round trips (a transition and
+    its audit row are one statement)."""
     async with sessions() as db:
-        if db.get_bind().dialect.name == "postgresql":
-            await db.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        await db.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
         yield db
         await db.commit()

@@ -7,7 +7,7 @@ runs it (storage/approval_store.py), so the conditions live here and nowhere els
 States
     approval   pending -> approved | denied | expired      decided once, never changed
                pending -> answered | expired                a question: answered once
-               pending -> pending (EDIT)                    edited: earlier votes reset
+               pending -> pending (EDIT)                    a new version: earlier votes reset
     execution  not_started -> started -> finished           of an approved call only
     turn       waiting -> resuming -> done | failed         a turn paused on interrupts
                resuming -> resuming                         lease renewed, or taken over
@@ -53,10 +53,29 @@ A question (an interrupt that asks a person for input, not for approval) is a re
 it is ANSWERed or expires, never approved, and the turn resumes once every request of it,
 question or approval, is settled.
 
-An approver may approve with changes: APPROVE records the edited input with the decision,
-or, when several approvers are needed, EDIT records it and resets the votes to the
-editor's (the others approved something else). Genkit refuses a restart whose input
-differs, so the workflow runs an edited call itself, behind the same START_EXECUTION gate.
+Versions: what is approved is what runs
+    A request is one approvable call with a current version (`Approval.current`): the tool,
+    its input as the tool's schema validated and coerced it, and a number. Every decision
+    names the version its card, Home row or modal showed (`seen`), and each transition that
+    decides requires it to be the current one (AS_SEEN), in the same conditional write.
+
+    what                        version          votes                   runs
+    REQUEST                     creates 1        none                    -
+    VOTE (Approve of v)         names v          + one, for v            -
+    APPROVE (Approve of v)      names v          completes v's quorum    v
+    APPROVE with changes        creates v+1      the editor's, for v+1   v+1
+    EDIT (quorum, changes)      creates v+1      only the editor's, v+1  -
+    Edit & approve, no change   names v          a VOTE or APPROVE of v  (as above)
+    DENY                        names v          -                       nothing
+    START_EXECUTION             the approved v   -                       v, once (SAME_VERSION)
+
+    A decision naming an older version matches no row and changes nothing (the approver is
+    shown the current one). A vote counts only for the version it named: an EDIT removes
+    every other vote. Once approved, a request has no more versions, so the version the
+    gate runs is the one approved. Genkit refuses a restart whose input differs from the
+    model's, so the workflow runs an edited call itself, behind the same gate; version 1
+    restarts with the model's own arguments (`Request.asked`), which the tool's schema
+    turns into exactly version 1's input.
 
 Adding a state is a change to the enums and TRANSITIONS below, as the quorum, the card's
 outbox, reminders, escalation, questions and edits were:
@@ -146,7 +165,8 @@ class Requirement(enum.StrEnum):
     ASKS_APPROVAL = "the request asks for an approval"
     ASKS_ANSWER = "the request asks a question"
     SEVERAL_NEEDED = "the request needs several approvers"
-    AS_SEEN = "nobody changed the request since the approver saw it"
+    AS_SEEN = "the version the approver saw is the request's current version"
+    SAME_VERSION = "the version to run is the request's current (approved) version"
 
 
 @dataclass(frozen=True)
@@ -217,8 +237,8 @@ APPROVE = Transition(
     requires=(R.ASKS_APPROVAL, R.AS_SEEN, R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_MET),
     audit=Audit("approved", "decider", ("input", "edited", "reason")),
 )
-# Approve with changes, of a request that needs several approvers: the edit stands with the
-# editor's vote alone (whether they had voted or not); the others vote again.
+# Approve with changes, of a request that needs several approvers: a new version, which
+# stands with the editor's vote alone (whether they had voted or not); the others vote again.
 EDIT = Transition(
     "edit",
     Subject.APPROVAL,
@@ -232,8 +252,8 @@ DENY = Transition(
     Subject.APPROVAL,
     {A.PENDING: ()},
     A.DENIED,
-    requires=(R.ASKS_APPROVAL, R.BEFORE_DEADLINE),
-    audit=Audit("denied", "decider", ("input", "reason")),
+    requires=(R.ASKS_APPROVAL, R.AS_SEEN, R.BEFORE_DEADLINE),
+    audit=Audit("denied", "decider", ("input", "edited", "reason")),
 )
 # A question is answered, once, by a person it asks (the requester, or an approver).
 ANSWER = Transition(
@@ -257,8 +277,8 @@ START_EXECUTION = Transition(
     Subject.EXECUTION,
     {E.NOT_STARTED: ()},
     E.STARTED,
-    requires=(R.APPROVED, R.SAME_CALL),
-    audit=Audit("execution_started", "decider", ("input",)),
+    requires=(R.APPROVED, R.SAME_CALL, R.SAME_VERSION),
+    audit=Audit("execution_started", "decider", ("input", "edited")),
 )
 FINISH_EXECUTION = Transition(
     "finish execution",
@@ -433,6 +453,9 @@ class Request:
     # A question (an interrupt that asks for input) asks the requester or the approvers; an
     # approval asks nobody in particular (None).
     asks: Asked | None = None
+    # The model's own arguments, when the tool's schema coerced them into `input` ("250000"
+    # into 250000): a restart carries them exactly, and the schema coerces them again.
+    asked: dict[str, Any] | None = None
 
     @property
     def question(self) -> bool:
@@ -475,6 +498,7 @@ class Edit:
     input: dict[str, Any]
     by: str
     at: datetime
+    preview: str | None = None  # the tool's preview of the edited call (as Request.preview)
 
     def changes(self, original: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         """Each changed field, `{"from": old, "to": new}` (None for a field added or
@@ -485,6 +509,20 @@ class Edit:
             for k in keys
             if original.get(k) != self.input.get(k) or (k in original) != (k in self.input)
         }
+
+
+@dataclass(frozen=True)
+class Version:
+    """One version of an approvable call: what a card shows, a vote names and the gate runs."""
+
+    number: int
+    tool: str
+    input: dict[str, Any]  # as the tool's schema validated it
+    preview: str | None
+    # Where each value came from: as recorded with the request, except that a value an
+    # approver changed is a human's (they typed it).
+    sources: Mapping[str, Source] = field(default_factory=dict)
+    edit: Edit | None = None  # who made it, when a person did (None: as the agent asked)
 
 
 @dataclass(frozen=True)
@@ -538,9 +576,21 @@ class Approval:
     execution: Execution = field(default_factory=NotStarted)
     card: Card | None = None
     votes: tuple[Vote, ...] = ()  # of a quorum: who approved so far, in order
-    edit: Edit | None = None  # approved with changes: the call runs with these
+    edit: Edit | None = None  # the latest edit: the call runs with its input instead
     reminder: FollowUp | None = None
     escalation: FollowUp | None = None
+    version: int = 1  # the current version's number (1: as asked; one more per edit)
+
+    @property
+    def current(self) -> Version:
+        """The call as it stands: what approvers are shown and what runs once approved."""
+        r, e = self.request, self.edit
+        if e is None:
+            return Version(self.version, r.tool, r.input, r.preview, r.context.sources)
+        changed = e.changes(r.input)
+        kept = {p: s for p, s in r.context.sources.items() if p.split(".")[0] not in changed}
+        sources = kept | dict.fromkeys(changed, Source("human"))
+        return Version(self.version, r.tool, e.input, e.preview, sources, e)
 
     @property
     def escalated(self) -> bool:

@@ -1,9 +1,9 @@
 """Per-minute message counters, shared by every replica through the database.
 
 Counting a message adds one to the person's counter and, while the person is within their
-own limit, to the workspace's: one statement on PostgreSQL (the person's upsert in a CTE),
-one transaction elsewhere. A person over their limit so uses up none of the workspace's
-messages, and each count is exact however many replicas count at once.
+own limit, to the workspace's: one statement (the person's upsert in a CTE). A person over
+their limit so uses up none of the workspace's messages, and each count is exact however
+many replicas count at once.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from datetime import datetime
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.dialects import postgresql
 
 from storage.db import SessionFactory, autocommit
 from storage.models import MessageCountRow
@@ -27,25 +26,26 @@ _KEY = [M.c.team_id, M.c.user_id, M.c.minute]
 _ADD_ONE = {"count": M.c.count + 1}
 
 
-def _person(insert: Any) -> Any:
+def _person() -> sa.CTE:
     """Add one to the person's counter; returns it."""
     row = {"team_id": _TEAM, "user_id": sa.bindparam("user"), "minute": _AT}
-    stmt = insert(M).values(row | {"count": 1, "told": False})
-    return stmt.on_conflict_do_update(index_elements=_KEY, set_=_ADD_ONE).returning(M.c.count)
+    stmt = postgresql.insert(M).values(row | {"count": 1, "told": False})
+    upsert = stmt.on_conflict_do_update(index_elements=_KEY, set_=_ADD_ONE)
+    return upsert.returning(M.c.count).cte("person")
 
 
-def _workspace(insert: Any, person: Any) -> Any:
+def _workspace(person: sa.CTE) -> sa.Insert:
     """Add one to the workspace's counter if `person` (their new count) is within the limit;
     returns it (no row when the person is over)."""
     values = sa.select(_TEAM, sa.literal(WORKSPACE), _AT, sa.literal(1), sa.false())
-    if person is not None:
-        values = values.select_from(person).where(person.c.count <= _LIMIT)
-    stmt = insert(M).from_select(["team_id", "user_id", "minute", "count", "told"], values)
+    values = values.select_from(person).where(person.c.count <= _LIMIT)
+    stmt = postgresql.insert(M).from_select(
+        ["team_id", "user_id", "minute", "count", "told"], values
+    )
     return stmt.on_conflict_do_update(index_elements=_KEY, set_=_ADD_ONE).returning(M.c.count)
 
 
-PG_COUNT = _workspace(postgresql.insert, _person(postgresql.insert).cte("person"))
-SQLITE_PERSON, SQLITE_WORKSPACE = _person(sqlite.insert), _workspace(sqlite.insert, None)
+COUNT = _workspace(_person())
 # The first refusal of a person in a minute, once (across replicas): whoever sets it tells.
 TELL = (
     sa.update(M)
@@ -69,16 +69,7 @@ class MessageCounts:
         or None when the person is over `per_user` (the workspace's count unchanged)."""
         params = {"team": team, "user": user, "at_minute": minute, "limit": per_user}
         async with autocommit(self._sessions) as db:
-            if db.get_bind().dialect.name == "postgresql":
-                return cast(int | None, await db.scalar(PG_COUNT, params))
-            return await self._count_locally(db, params, per_user)
-
-    @staticmethod
-    async def _count_locally(db: AsyncSession, params: dict[str, Any], per_user: int) -> int | None:
-        """SQLite: the two upserts in the session's one transaction (writers take turns)."""
-        if cast(int, await db.scalar(SQLITE_PERSON, params)) > per_user:
-            return None
-        return cast(int, await db.scalar(SQLITE_WORKSPACE, params))
+            return cast(int | None, await db.scalar(COUNT, params))
 
     async def first_refusal(self, team: str, user: str, *, minute: datetime) -> bool:
         """Whether this is the person's first refused message in `minute` (to be told)."""

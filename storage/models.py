@@ -6,7 +6,7 @@ Every row carries the Slack team id so one database can serve several workspaces
 from __future__ import annotations
 
 import enum
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -26,7 +26,7 @@ from storage.lifecycle import (
 
 
 class UTCDateTime(TypeDecorator[datetime]):
-    """Timezone-aware timestamps on every backend (SQLite forgets the zone otherwise)."""
+    """Timezone-aware timestamps only: a naive one would be read as the server's local time."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
@@ -36,10 +36,16 @@ class UTCDateTime(TypeDecorator[datetime]):
             raise ValueError("naive datetime: pass an aware UTC timestamp")
         return value
 
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value
+
+class CleanText(TypeDecorator[str]):
+    """Text with its NUL characters taken out: PostgreSQL refuses them in text, and a
+    tool's preview or a person's reason must not fail the write that records it."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return value.replace("\x00", "") if value is not None else None
 
 
 class Base(DeclarativeBase):
@@ -155,10 +161,10 @@ class ApprovalRow(Base):
     requester: Mapped[str] = mapped_column(String(32))
     requested_at: Mapped[datetime]
     expires_at: Mapped[datetime]
-    why: Mapped[str] = mapped_column(Text)
+    why: Mapped[str] = mapped_column(CleanText)
     # The conversation's participants when the call was made (the requester among them).
     participants: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'"))
-    preview: Mapped[str | None] = mapped_column(Text)  # see storage/lifecycle.py Request
+    preview: Mapped[str | None] = mapped_column(CleanText)  # see storage/lifecycle.py Request
     context: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # what led to the call
     # A question's: whom it asks (requester, approvers; NULL for an approval), the answer.
     asks: Mapped[str | None] = mapped_column(String(16))
@@ -167,10 +173,17 @@ class ApprovalRow(Base):
     edited_input: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     edited_by: Mapped[str | None] = mapped_column(String(32))
     edited_at: Mapped[datetime | None]
+    edited_preview: Mapped[str | None] = mapped_column(Text)  # the preview of the edited call
+    # The call's current version: 1 as the agent asked it, the next for each edit. What an
+    # approver saw is named by it; a decision on another version changes nothing.
+    version: Mapped[int] = mapped_column(Integer, server_default="1")
+    # The model's own arguments, when the tool's schema coerced them into `input` (a
+    # restart of the call must carry them exactly); NULL when they are `input`.
+    asked_input: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     status: Mapped[ApprovalState] = mapped_column(_enum(ApprovalState))
     decided_by: Mapped[str | None] = mapped_column(String(32))
     decided_at: Mapped[datetime | None]
-    reason: Mapped[str | None] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(CleanText)
     execution: Mapped[ExecutionState] = mapped_column(_enum(ExecutionState))
     output: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     card_channel: Mapped[str | None] = mapped_column(String(32))
@@ -203,6 +216,7 @@ class VoteRow(Base):
     approval_id: Mapped[str] = mapped_column(ForeignKey("approvals.id"), primary_key=True)
     voter: Mapped[str] = mapped_column(String(32), primary_key=True)
     at: Mapped[datetime]
+    version: Mapped[int] = mapped_column(Integer, server_default="1")  # what it approved
 
 
 class PolicyRow(Base):
@@ -245,16 +259,6 @@ class AuditRow(Base):
         Index("ix_audit_team_at", "team_id", "at"),
         Index("ix_audit_at", "at", "id"),  # retention and `greenlight audit export`
     )
-
-
-class AuditPurgeRow(Base):
-    """SQLite only: while a row here says `before`, the audit trigger lets rows older than
-    that be deleted. Written and removed inside the retention job's one transaction, so no
-    other connection ever sees it (PostgreSQL uses greenlight_purge_audit instead)."""
-
-    __tablename__ = "audit_purges"
-
-    before: Mapped[datetime] = mapped_column(primary_key=True)
 
 
 class SeenEventRow(Base):

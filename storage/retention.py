@@ -34,7 +34,6 @@ from storage.db import SessionFactory, autocommit
 from storage.lifecycle import OPEN_TURN, ApprovalState
 from storage.models import (
     ApprovalRow,
-    AuditPurgeRow,
     AuditRow,
     ConversationRow,
     MessageRow,
@@ -44,9 +43,8 @@ from storage.models import (
     VoteRow,
 )
 
-A, T, C, V, AU, P = (
-    cast(sa.Table, m.__table__)
-    for m in (ApprovalRow, TurnRow, ConversationRow, VoteRow, AuditRow, AuditPurgeRow)
+A, T, C, V, AU = (
+    cast(sa.Table, m.__table__) for m in (ApprovalRow, TurnRow, ConversationRow, VoteRow, AuditRow)
 )
 SNAP, MSG, EVENTS = (cast(sa.Table, m.__table__) for m in (SnapshotRow, MessageRow, SeenEventRow))
 
@@ -137,20 +135,9 @@ DELETE_EVENTS = sa.delete(EVENTS).where(
         sa.select(EVENTS.c.event_id).where(EVENTS.c.received_at < _CUTOFF).limit(_BATCH)
     )
 )
-PURGE_AUDIT_PG = sa.select(
+PURGE_AUDIT = sa.select(
     sa.func.greenlight_purge_audit(sa.bindparam("cutoff", type_=AU.c.at.type), _BATCH)
 )
-# SQLite: a permit the delete trigger checks, present only inside this transaction.
-PERMIT = sa.insert(P).values(before=sa.bindparam("cutoff", type_=P.c.before.type))
-DELETE_AUDIT = sa.delete(AU).where(
-    AU.c.id.in_(
-        sa.select(AU.c.id)
-        .where(AU.c.at < sa.bindparam("cutoff", type_=AU.c.at.type))
-        .order_by(AU.c.at, AU.c.id)
-        .limit(_BATCH)
-    )
-)
-END_PERMIT = sa.delete(P)
 
 
 @dataclass(frozen=True)
@@ -279,15 +266,8 @@ class Retention:
 
     async def _audit(self, cutoff: datetime) -> int:
         params = {"cutoff": cutoff, "batch": self._batch}
-        async with self._sessions() as db:
-            if db.get_bind().dialect.name == "postgresql":
-                await db.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
-                return int(await db.scalar(PURGE_AUDIT_PG, params) or 0)
-            async with db.begin():
-                await db.execute(PERMIT, params)
-                result = await db.execute(DELETE_AUDIT, params)
-                await db.execute(END_PERMIT)
-            return int(cast(sa.CursorResult[Any], result).rowcount)
+        async with autocommit(self._sessions) as db:
+            return int(await db.scalar(PURGE_AUDIT, params) or 0)
 
 
 def _chunks(sized: Sequence[tuple[str, int]], limit: int) -> list[list[str]]:

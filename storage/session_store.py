@@ -222,9 +222,9 @@ class SqlSessionStore(SessionStore[Any]):
     """Snapshots in `agent_snapshots`, the messages each one added in `agent_messages`.
 
     A save is all or nothing and safe across processes. An existing row is read FOR UPDATE
-    (SQLite: BEGIN IMMEDIATE) and rewritten only if its version is unchanged; on PostgreSQL a
-    new row, most saves, is one statement. A lost insert race, version check or parent check
-    rolls back and runs fn again, up to `max_attempts`.
+    and rewritten only if its version is unchanged; a new row, most saves, is one statement.
+    A lost insert race, version check or parent check rolls back and runs fn again, up to
+    `max_attempts`.
     """
 
     def __init__(
@@ -294,17 +294,15 @@ class SqlSessionStore(SessionStore[Any]):
         )
 
     async def _save(self, team: str, snapshot_id: str, fn: SaveFn) -> SessionSnapshot | None:
-        """Most saves create a row, and a missing row has nothing to lock: on PostgreSQL they
-        read it and write it (one statement) in autocommit, two round trips, no BEGIN or
-        COMMIT. A racing creator's row fails the insert, and the retry finds the row."""
+        """Most saves create a row, and a missing row has nothing to lock: they read it and
+        write it (one statement) in autocommit, two round trips, no BEGIN or COMMIT. A racing
+        creator's row fails the insert, and the retry finds the row."""
         async with autocommit(self._sessions) as s:
-            if s.get_bind().dialect.name == "postgresql":
-                key = {"team": team, "sid": snapshot_id}
-                if (await s.execute(GET_ROW, key)).first() is None:
-                    snap = apply_save(existing=None, snapshot_id=snapshot_id, fn=fn)
-                    if snap is not None:
-                        await self._create(s, team, snap)
-                    return snap
+            if (await s.execute(GET_ROW, {"team": team, "sid": snapshot_id})).first() is None:
+                snap = apply_save(existing=None, snapshot_id=snapshot_id, fn=fn)
+                if snap is not None:
+                    await self._create(s, team, snap)
+                return snap
         return await self._save_locked(team, snapshot_id, fn)
 
     async def _save_locked(self, team: str, snapshot_id: str, fn: SaveFn) -> SessionSnapshot | None:

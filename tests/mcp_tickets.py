@@ -4,6 +4,8 @@
 file TICKETS_LOG, so a test can count how often it ran. With TICKETS_READY set, the server
 exits at once while that file does not exist: a server that is down until the test says so.
 With TICKETS_PIDFILE set, it writes its process id there (a test stops it to see it go away).
+With TICKETS_EXTRA=N, it also lists N more tools, `extra_1` to `extra_N` (a server that lists
+too many).
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ async def wait(seconds: float) -> str:
 if __name__ == "__main__":
     if (ready := os.environ.get("TICKETS_READY")) and not Path(ready).exists():
         sys.exit(1)
+    for i in range(1, int(os.environ.get("TICKETS_EXTRA", "0")) + 1):
+        server.add_tool(lambda: "extra", name=f"extra_{i}", description="One of many.")
     if pidfile := os.environ.get("TICKETS_PIDFILE"):
         Path(pidfile).write_text(str(os.getpid()))
     server.run()

@@ -12,7 +12,6 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any
 
 from slack_bolt.async_app import AsyncAck, AsyncApp
@@ -26,8 +25,9 @@ from bot.deps import Deps
 from bot.listeners.fields import obj, slack_id
 
 APPROVAL_ID = re.compile(r"^[0-9a-f-]{8,64}$")
-# An Approve (or Edit & approve) names the edit its card showed: `<id>~<microseconds>`.
+# A decision button names the version of the request its view showed: `<id>~<version>`.
 AS_SEEN = re.compile(r"^(?P<id>[0-9a-f-]{8,64})(?:~(?P<seen>[0-9]{1,19}))?$")
+VERSION_MAX = 2**31 - 1  # the column's range; anything above names no version there is
 
 
 def clicked(body: dict[str, Any]) -> tuple[str, str, str | None, str] | None:
@@ -46,12 +46,16 @@ def clicked(body: dict[str, Any]) -> tuple[str, str, str | None, str] | None:
     return team, user, channel if slack_id(channel) else None, match["id"]
 
 
-def seen_in(value: object) -> datetime | None:
-    """The edit a button's card showed (its time), None for a request unedited."""
+def seen_in(value: object) -> int:
+    """The version of the request a button's (or a modal's) view showed: a button drawn
+    before versions were named shows version 1, the request as the agent asked it."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if 0 <= value <= VERSION_MAX else 0
     match = AS_SEEN.match(value) if isinstance(value, str) else None
     if match is None or match["seen"] is None:
-        return None
-    return blocks.EPOCH + timedelta(microseconds=int(match["seen"]))
+        return 1
+    seen = int(match["seen"])
+    return seen if seen <= VERSION_MAX else 0
 
 
 def button(body: dict[str, Any]) -> object:
@@ -149,7 +153,7 @@ async def approve(
     deps: Deps,
     client: AsyncWebClient,
     parsed: tuple[str, str, str | None, str],
-    seen: datetime | None,
+    seen: int,
     *,
     home: bool,
 ) -> None:
@@ -187,11 +191,11 @@ class Opening:
     trigger: str
 
     def metadata(self, **extra: object) -> str:
-        """What the modal's submission needs: which request, where it was clicked."""
+        """What the modal's submission needs: which request, where it was clicked, and the
+        version of it the modal shows (its submission decides that version or nothing)."""
         _, _, channel, approval_id = self.parsed
-        return json.dumps(
-            {"approval_id": approval_id, "channel": channel, **extra, "home": self.home}
-        )
+        seen = {"approval_id": approval_id, "channel": channel, "seen": self.approval.version}
+        return json.dumps(seen | extra | {"home": self.home})
 
 
 async def opening(
@@ -210,6 +214,8 @@ async def opening(
     check = deps.workflow.check_answerer if answers else deps.workflow.check_decider
     try:
         approval = await check(team, approval_id, user, facts)
+        if not answers and seen_in(button(body)) != approval.version:
+            raise DecisionRefused("changed", approval)  # a modal of a version it did not show
     except DecisionRefused as refusal:
         await refuse(deps, client, refusal, parsed, home=home)
         return None
@@ -229,10 +235,8 @@ async def on_edit_approve(
     if form is None:
         await tell(deps, client, opened.parsed, blocks.not_editable(approval), home=opened.home)
         return
-    shown = approval.edit.input if approval.edit else approval.request.input
-    view = blocks.edit_modal(approval, forms.form_blocks(form, shown))
-    seen = seen_in(button(body))
-    view["private_metadata"] = opened.metadata(seen=button(body) if seen else None)
+    view = blocks.edit_modal(approval, forms.form_blocks(form, approval.current.input))
+    view["private_metadata"] = opened.metadata()
     await client.views_open(trigger_id=opened.trigger, view=view)
 
 

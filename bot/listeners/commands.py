@@ -9,6 +9,7 @@ must not see "operation_timeout" for a change that was made.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -20,6 +21,7 @@ from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncRespond
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.policy import Policy, Rule, UnknownTool, split_principals
+from agent.policy_cases import Outcome, decide
 from agent.workflow import CardState, Workflow
 from bot.blocks import escape
 from bot.deps import Deps
@@ -30,6 +32,7 @@ HELP = """*`/approvals`* — who approves what the agent does
 • `pending [page]` — open approval requests, 20 a page
 • `audit [tool] [page]` — recent requests, decisions and policy changes, newest first, 20 a page
 • `rules <tool>` — the tool's rules (from the policy file), in order
+• `explain <tool> <json input>` — what the policy does with such a call, and why
 Admins only:
 • `allow <tool>` — run it without approval  •  `require <tool>` — needs approval again
 • `route <tool> #channel` — where its approval cards go
@@ -62,6 +65,7 @@ class Invocation:
     user: str
     verb: str
     args: list[str]
+    rest: str = ""  # the text after the verb as typed (JSON keeps its spaces)
 
 
 def parse_duration(text: str) -> timedelta:
@@ -144,7 +148,7 @@ def policy_change(verb: str, args: list[str]) -> dict[str, Any]:
 async def change(c: Invocation) -> str:
     if not c.args:
         raise Usage(f"Usage: `/approvals {c.verb} <tool> …`")
-    if not await c.deps.people.is_admin(c.client, c.user):
+    if not await c.deps.people.is_admin(c.client, c.user, c.team):
         return "Only workspace admins and Greenlight admins can change that."
     tool, changes = c.args[0], policy_change(c.verb, c.args[1:])
     if refused := await public_channel_refusal(c, tool, changes):
@@ -263,6 +267,61 @@ async def list_rules(c: Invocation) -> str:
     return describe(policy) + "\n" + "\n".join(lines) + note
 
 
+async def explain(c: Invocation) -> str:
+    """What the policy in force does with a call of `tool` with this input, for anyone: the
+    same schema check and rules the approval middleware applies, the caller as requester."""
+    usage = "Usage: `/approvals explain <tool> <json input>`, e.g. "
+    usage += '`/approvals explain transferMoney {"amount": 500, "toAccount": "ACC-1"}`'
+    if not c.rest.strip():
+        raise Usage(usage)
+    tool, given = [*c.rest.split(None, 1), ""][:2]
+    workflow = c.deps.workflow
+    if tool not in workflow.policies.known_tools():
+        raise UnknownTool(tool, workflow.policies.known_tools())
+    try:
+        args = json.loads(given) if given.strip() else {}
+    except ValueError:
+        raise Usage(f"That input is not JSON. {usage}") from None
+    found = workflow.runtime.tools.get(tool)
+    action = found.action() if found is not None else None
+    got = decide(await workflow.policies.get(c.team, tool), action, args, c.user)
+    shown = escape(json.dumps(args, ensure_ascii=False))
+    return f"*`{escape(tool)}`* with `{shown[:500]}`:\n" + "\n".join(explained(got))
+
+
+def explained(got: Outcome) -> list[str]:
+    """An outcome as bullet lines: allowed or not and why, where the card goes, who may
+    decide, how long it waits, reminders and escalation."""
+    p = got.policy
+    if not got.evaluated:
+        return [f"• Never reaches an approver: {escape(got.error or '')}; the agent is told."]
+    why = f" ({escape(p.note)})" if p.note else ""
+    if got.allowed:
+        return [f"• Runs without approval{why}."]
+    approvals = f"{p.approvals} approval{'s' * (p.approvals > 1)}"
+    where = f"<#{p.channel}>" if p.channel else "_no channel: set one with `route`_"
+    deciders = _who(p.approver_users, p.approver_groups)
+    if not p.names_approvers and p.channel:
+        deciders = f"the members of <#{p.channel}>"
+    lines = [
+        f"• Needs {approvals}{why}.",
+        f"• The card goes to {where}; who may decide: {deciders}, never the requester "
+        "or anyone else whose words led to the call.",
+        f"• Expires after {p.timeout.total_seconds() / 3600:g}h unless decided.",
+    ]
+    if p.remind_after is not None:
+        lines.append(f"• A reminder after {p.remind_after.total_seconds() / 3600:g}h.")
+    if p.escalate_after is not None and p.escalate_to is not None:
+        more = _who(p.escalate_users, p.escalate_groups)
+        if not (p.escalate_users or p.escalate_groups):
+            more = f"the members of <#{p.escalate_to}>"
+        lines.append(
+            f"• Escalates to <#{p.escalate_to}> after "
+            f"{p.escalate_after.total_seconds() / 3600:g}h; then {more} may decide too."
+        )
+    return lines
+
+
 async def show_help(c: Invocation) -> str:
     return HELP
 
@@ -272,6 +331,7 @@ SUBCOMMANDS: dict[str, Callable[[Invocation], Awaitable[str]]] = {
     "pending": list_pending,
     "audit": audit_trail,
     "rules": list_rules,
+    "explain": explain,
     "help": show_help,
     **dict.fromkeys(CHANGING, change),
 }
@@ -291,7 +351,9 @@ async def on_command(
         await ack(text=f"I don't know `{escape(verb)}`.\n\n{HELP}")
         return
     await ack()
-    invocation = Invocation(deps, client, team, user, verb, args)
+    typed = str(body.get("text") or "").split(None, 1)
+    rest = typed[1] if len(typed) > 1 else ""
+    invocation = Invocation(deps, client, team, user, verb, args, rest)
     deps.background.spawn(answer(subcommand, invocation, respond), name=f"/approvals {verb}")
 
 

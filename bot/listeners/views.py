@@ -12,10 +12,18 @@ from slack_sdk.web.async_client import AsyncWebClient
 from agent.workflow import DecisionRefused, InvalidAnswer
 from bot import blocks, forms
 from bot.deps import Deps
-from bot.listeners.actions import facts_for, from_home, in_modal, seen_in, settled
+from bot.listeners.actions import facts_for, in_modal, seen_in, settled
 from bot.listeners.fields import obj
 
 MAX_REASON = 500
+
+
+def metadata(body: dict[str, Any]) -> dict[str, Any]:
+    """The modal's private_metadata (only we write it), as an object."""
+    try:
+        return obj(json.loads(str(obj(body.get("view")).get("private_metadata") or "{}")))
+    except ValueError:
+        return {}
 
 
 def submitted(body: dict[str, Any]) -> tuple[str, str, str | None, str, str | None] | None:
@@ -41,15 +49,17 @@ async def on_deny_submitted(
         await ack()
         return
     team, user, channel, approval_id, reason = parsed
-    facts = facts_for(deps, client, user, channel, home=from_home(body))
+    # A modal is in no channel: who may decide is asked of Slack again, membership included.
+    facts = facts_for(deps, client, user, channel, home=True)
+    seen = seen_in(metadata(body).get("seen"))
     try:
         decided = await deps.workflow.decide(
-            team, approval_id, user, approve=False, reason=reason, facts=facts
+            team, approval_id, user, approve=False, reason=reason, facts=facts, seen=seen
         )
     except DecisionRefused as refusal:
         text = blocks.refusal_text(refusal.reason, refusal.approval)
         await ack(response_action="errors", errors={"reason": text})
-        if refusal.reason == "already_decided" and refusal.approval is not None:
+        if refusal.reason in ("already_decided", "changed") and refusal.approval is not None:
             await deps.delivery.refresh_card(client, refusal.approval)  # the state changed
         return
     await ack()
@@ -79,7 +89,7 @@ async def on_answer_submitted(
     if errors:
         await ack(response_action="errors", errors=errors)
         return
-    facts = facts_for(deps, client, user, channel, home=from_home(body))
+    facts = facts_for(deps, client, user, channel, home=True)  # asked of Slack again
     try:
         decided = await deps.workflow.answer(team, approval_id, user, answer, facts=facts)
     except InvalidAnswer as invalid:
@@ -102,7 +112,8 @@ async def on_edit_submitted(
     ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
 ) -> None:
     """Edit & approve: the changed input, typed and checked against the tool's schema, then
-    approved once, if nobody changed the request since the card that opened this showed it."""
+    approved once, if it is still the version the modal showed (fields left as they were
+    keep their values exactly). A modal of an older version is shown the current one."""
     opened = in_modal(body)
     approval = await deps.workflow.approval(opened[0], opened[3]) if opened else None
     form = deps.workflow.edit_form(approval.request.tool) if approval else None
@@ -112,17 +123,18 @@ async def on_edit_submitted(
     team, user, channel, approval_id = opened
     view = obj(body.get("view"))
     state = obj(obj(view.get("state")).get("values"))
-    changed, errors = forms.form_values(form, state)
-    if errors:
+    meta = metadata(body)
+    seen = seen_in(meta.get("seen"))
+    changed, errors = forms.form_values(form, state, approval.current.input)
+    if errors and seen == approval.version:
         await ack(response_action="errors", errors=errors)
         return
-    meta = obj(json.loads(str(view.get("private_metadata") or "{}")))
-    facts = facts_for(deps, client, user, channel, home=from_home(body))
+    facts = facts_for(deps, client, user, channel, home=True)  # asked of Slack again
     fields = forms.properties(form)
     first = next(iter(fields), "")
     try:
         decided = await deps.workflow.approve_with_changes(
-            team, approval_id, user, changed, facts=facts, seen=seen_in(meta.get("seen"))
+            team, approval_id, user, changed, facts=facts, seen=seen
         )
     except InvalidAnswer as invalid:
         shown = {
@@ -133,9 +145,16 @@ async def on_edit_submitted(
         return
     except DecisionRefused as refusal:
         text = blocks.refusal_text(refusal.reason, refusal.approval)
-        await ack(response_action="errors", errors={first: text})
-        if refusal.reason in ("already_decided", "changed") and refusal.approval is not None:
-            await deps.delivery.refresh_card(client, refusal.approval)  # the state changed
+        now = refusal.approval
+        if refusal.reason == "changed" and now is not None and now.decision is None:
+            # The current version, in place of the one this modal showed.
+            update = blocks.edit_modal(now, forms.form_blocks(form, now.current.input), note=text)
+            update["private_metadata"] = json.dumps(meta | {"seen": now.version})
+            await ack(response_action="update", view=update)
+        else:
+            await ack(response_action="errors", errors={first: text})
+        if refusal.reason in ("already_decided", "changed") and now is not None:
+            await deps.delivery.refresh_card(client, now)  # the state changed
         return
     await ack()
     await settled(deps, client, decided)

@@ -82,31 +82,11 @@ PG_DOWNGRADE = (
     "DROP TRIGGER audit_events_append_only ON audit_events",
     "DROP FUNCTION greenlight_audit_append_only()",
 )
-# SQLite: the same refusals; a DELETE passes only for rows older than a permit in
-# audit_purges, which the retention job writes and removes in its one transaction.
-SQLITE_UPGRADE = (
-    """
-CREATE TRIGGER audit_events_no_update BEFORE UPDATE ON audit_events
-BEGIN SELECT RAISE(ABORT, 'audit_events is append-only: UPDATE refused'); END
-""",
-    """
-CREATE TRIGGER audit_events_no_delete BEFORE DELETE ON audit_events
-WHEN NOT EXISTS (SELECT 1 FROM audit_purges WHERE OLD.at < audit_purges.before)
-BEGIN SELECT RAISE(ABORT, 'audit_events is append-only: DELETE refused'); END
-""",
-)
-SQLITE_DOWNGRADE = (
-    "DROP TRIGGER audit_events_no_delete",
-    "DROP TRIGGER audit_events_no_update",
-)
 
 
 def upgrade() -> None:
-    postgres = op.get_bind().dialect.name == "postgresql"
-    now = datetime.now(UTC)
-    # A constant default fills the existing rows (SQLite cannot add a NOT NULL column
-    # otherwise); PostgreSQL drops it again, on SQLite it stays, unused: inserts give one.
-    upgraded = now.isoformat() if postgres else now.strftime("%Y-%m-%d %H:%M:%S.%f")
+    # A constant default fills the existing rows, and goes again: inserts give one.
+    upgraded = datetime.now(UTC).isoformat()
     op.add_column(
         "conversations",
         sa.Column(
@@ -116,22 +96,20 @@ def upgrade() -> None:
             server_default=sa.text(f"'{upgraded}'"),
         ),
     )
-    if postgres:
-        op.alter_column("conversations", "last_active_at", server_default=None)
+    op.alter_column("conversations", "last_active_at", server_default=None)
     for name, table, columns in INDEXES:
         op.create_index(name, table, columns)
-    op.create_table(
+    op.create_table(  # SQLite's purge permit, which PostgreSQL never used; 0017 drops it
         "audit_purges",
         sa.Column("before", storage.models.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("before"),
     )
-    for statement in PG_UPGRADE if postgres else SQLITE_UPGRADE:
+    for statement in PG_UPGRADE:
         op.execute(statement)
 
 
 def downgrade() -> None:
-    postgres = op.get_bind().dialect.name == "postgresql"
-    for statement in PG_DOWNGRADE if postgres else SQLITE_DOWNGRADE:
+    for statement in PG_DOWNGRADE:
         op.execute(statement)
     op.drop_table("audit_purges")
     for name, table, _ in reversed(INDEXES):

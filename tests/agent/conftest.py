@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agent.assemble import build_workflow, new_uuid
 from agent.models import Credentials, Resilience
@@ -16,7 +15,7 @@ from agent.observer import DecisionOutcome, ExecutionOutcome, Observer, TurnOutc
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
 from agent.workflow import Thread, Workflow
-from storage.db import SessionFactory, make_session_factory
+from storage.db import SessionFactory
 from tests import ledger_tools
 from tests.fakes.gemini import FakeGemini
 from tests.fakes.scripted_model import ScriptedModel
@@ -117,9 +116,3 @@ def harness(sessions: SessionFactory, team: str, resilience: Resilience = NO_BAC
 @pytest.fixture
 def h(pg_sessions: SessionFactory, team: str, ledger: Path) -> Harness:
     return harness(pg_sessions, team)
-
-
-@pytest.fixture
-def h_any(any_engine: AsyncEngine, team: str, ledger: Path) -> Harness:
-    """The harness on PostgreSQL and on SQLite, whose statements differ."""
-    return harness(make_session_factory(any_engine), team)

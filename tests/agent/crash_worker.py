@@ -2,7 +2,8 @@
 
     python -m tests.agent.crash_worker <phase> <team> <thread_ts>
 
-Needs DATABASE_URL (the test database) and GREENLIGHT_TEST_LEDGER (the tools' ledger).
+Needs DATABASE_URL (the test database) and GREENLIGHT_TEST_LEDGER (the tools' ledger);
+RESUME_LEASE_SECONDS, as the bot reads it, sets its lease (else the workflow's default).
 Every phase starts a turn that asks for one transfer, approves it as another user and prints
 `DECIDED <approval_id> <turn_id>`; then it stops at the phase's point and blocks forever:
 
@@ -26,6 +27,7 @@ import asyncio
 import os
 import sys
 import threading
+from datetime import timedelta
 from typing import Any, NoReturn
 
 from genkit.model import ModelRequest, ModelResponse
@@ -33,7 +35,7 @@ from genkit.model import ModelRequest, ModelResponse
 from agent.assemble import build_workflow
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import AwaitingApproval, Thread
+from agent.workflow import LEASE, AwaitingApproval, Thread
 from storage.db import make_engine, make_session_factory
 from tests.fakes.scripted_model import ScriptedModel, calls, text, tool_responses
 
@@ -90,11 +92,13 @@ async def main(phase: str, team: str, thread_ts: str) -> int:
     else:
         model.script(calls(("transferMoney", transfer)), after_tool)
     engine = make_engine(os.environ["DATABASE_URL"])
+    lease = os.environ.get("RESUME_LEASE_SECONDS")
     workflow = build_workflow(
         make_session_factory(engine),
         AgentConfig(model="scripted", tool_modules=("tests.ledger_tools",)),
         defaults=PolicyDefaults(channel=APPROVER_CHANNEL),
         setup=model.register,
+        lease=timedelta(seconds=float(lease)) if lease else LEASE,
     )
     out = await workflow.start_turn(Thread(team, CHANNEL, thread_ts), REQUESTER, "send 500")
     if phase == "turn":

@@ -28,7 +28,6 @@ from agent.observer import Observer
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
 from agent.workflow import (
-    LEASE,
     Approved,
     AwaitingApproval,
     Busy,
@@ -103,8 +102,14 @@ class Worker:
 
 
 @contextlib.asynccontextmanager
-async def worker(phase: str, team: str, thread_ts: str, tmp: Path) -> AsyncIterator[Worker]:
+async def worker(
+    phase: str, team: str, thread_ts: str, tmp: Path, lease: float | None = None
+) -> AsyncIterator[Worker]:
+    """`lease`: the worker's RESUME_LEASE_SECONDS (else the workflow's default)."""
     env = dict(os.environ)
+    env.pop("RESUME_LEASE_SECONDS", None)
+    if lease is not None:
+        env["RESUME_LEASE_SECONDS"] = str(lease)
     env["DATABASE_URL"] = pg_test_url()
     env["GREENLIGHT_TEST_LEDGER"] = str(ledger_tools.ledger_path())
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
@@ -261,16 +266,20 @@ async def test_two_sweeps_racing_after_a_crash_resume_once(
 async def test_a_thread_whose_turn_died_with_its_process_is_free_within_a_lease(
     pg_sessions: SessionFactory, team: str, ledger: Path, tmp_path: Path
 ) -> None:
-    """A new message's turn holds its thread one lease (15 s, renewed while it runs), not
-    the model-turn timeout: after a crash the next message is answered within seconds."""
-    async with worker("turn", team, "6.1", tmp_path) as w:
+    """A new message's turn holds its thread one lease (renewed while it runs), not the
+    model-turn timeout: after a crash the next message is answered within seconds. The
+    worker's lease is set short (the default is 15 s) so that it runs out in real time
+    without being sat out; the replica is ready before the kill, so the lease is still
+    held when it first tries."""
+    lease = 3.0
+    r = replica(pg_sessions, utc_now)  # the real clock: the dead hold runs out in real time
+    thread = Thread(team, crash_worker.CHANNEL, "6.1")
+    async with worker("turn", team, "6.1", tmp_path, lease=lease) as w:
         await w.expect("MODEL_CALLED")
         killed = time.monotonic()
         await w.kill()
-    r = replica(pg_sessions, utc_now)  # the real clock: the dead hold runs out in real time
-    thread = Thread(team, crash_worker.CHANNEL, "6.1")
     assert isinstance(await r.workflow.start_turn(thread, "U_EMP", "hello?"), Busy)
-    deadline = killed + LEASE.total_seconds() + 10  # the dead hold's time left, and slack
+    deadline = killed + lease + 10  # the dead hold's time left, and slack
     while isinstance(out := await r.workflow.start_turn(thread, "U_EMP", "hello?"), Busy):
         assert time.monotonic() < deadline, "the dead turn held its thread past its lease"
         await asyncio.sleep(0.5)  # poll: each try changes nothing while the thread is held
@@ -299,7 +308,7 @@ async def test_real_gemini_plugin_interrupt_approve_and_resume(
         [sent] = gemini.function_responses()
         output = {"success": True, "transactionId": f"txn-{approval.id}"}
         assert sent == {
-            "id": "call-1",
+            "id": approval.request.ref,  # Greenlight's own, not the model's "call-1"
             "name": "transferMoney",
             "response": {"name": "transferMoney", "content": output},
         }

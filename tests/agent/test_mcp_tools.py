@@ -21,7 +21,8 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import TypeAdapter, ValidationError
 
 from agent import mcp_tools, policy_file
-from agent.mcp_tools import Backoff, McpServer, McpServers, McpTools, hint, result_output
+from agent.mcp_config import McpServer, McpServers
+from agent.mcp_tools import TOOLS_MAX, Backoff, McpTools, hint, result_output
 from agent.runtime import AgentConfig, AgentRuntime, build_runtime
 from bot.server import mcp_servers
 from bot.settings import ConfigError, Settings, load_settings
@@ -156,6 +157,26 @@ async def tickets(
         await mcp.stop()
 
 
+async def test_a_server_may_offer_at_most_200_tools(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TICKETS_LOG", str(tmp_path / "tickets.jsonl"))
+    env = {"TICKETS_LOG": str(tmp_path / "tickets.jsonl"), "TICKETS_EXTRA": "250"}
+    runtime = new_runtime()
+    mcp = McpTools(
+        {"many": McpServer(command=sys.executable, args=[SERVER], env=env)},
+        runtime,
+        backoff=Backoff(first=0.1, most=0.5),
+    )
+    await mcp.start()
+    try:
+        assert mcp.connected("many")
+        offered = [name for name in runtime.known() if name.startswith("many.")]
+        assert len(offered) == TOOLS_MAX == 200  # of the 253 it lists
+    finally:
+        await mcp.stop()
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -272,18 +293,16 @@ async def test_a_server_that_is_down_is_retried_and_its_tools_join_later(
     assert "do-not-log-me" not in caplog.text
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_an_http_server_started_later_joins_and_gets_its_headers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("TICKETS_LOG", str(tmp_path / "tickets.jsonl"))
     caplog.set_level(logging.DEBUG)
-    port = free_port()
+    # The port is held from here on (bound, not listening: connecting is refused until the
+    # server starts on this very socket), so no test running in parallel can take it.
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    port = int(held.getsockname()[1])
     app = mcp_tickets.server.streamable_http_app()
     seen: list[bytes] = []
 
@@ -301,7 +320,7 @@ async def test_an_http_server_started_later_joins_and_gets_its_headers(
     server = uvicorn.Server(
         uvicorn.Config(recording, host="127.0.0.1", port=port, log_level="warning")
     )
-    serving = asyncio.create_task(server.serve())
+    serving = asyncio.create_task(server.serve(sockets=[held]))
     try:
         await asyncio.wait_for(mcp.wait_up("crm"), timeout=30)
         assert runtime.notes["crm.list_tickets"] == "MCP tool of crm · read-only"
@@ -312,4 +331,5 @@ async def test_an_http_server_started_later_joins_and_gets_its_headers(
         await mcp.stop()
         server.should_exit = True
         await serving
+        held.close()
     assert "MCP server crm: not reachable" in caplog.text and "t0ken" not in caplog.text

@@ -70,6 +70,13 @@ def test_a_good_file(tmp_path: Path) -> None:
             "the rule's `when` does not compile",
         ),
         ("allow: [getBalance\n", 2, "not valid YAML"),
+        (
+            "tools:\n  transferMoney:\n    approvals: 2\n  getBalance: {}\n"
+            "  transferMoney:\n    approvals: 1\n",
+            5,
+            "'transferMoney' is given twice",
+        ),
+        ("tools:\n  transferMoney:\n    approvals: 2\n    approvals: 1\n", 4, "given twice"),
         ("defaults:\n  approvals: 0\n", 2, "greater than or equal to 1"),
     ],
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -28,6 +28,7 @@ from agent.workflow import (
     AwaitingApproval,
     Finished,
     Reply,
+    Resumed,
     Started,
     Thread,
     Workflow,
@@ -117,6 +118,26 @@ async def turn_row(engine: AsyncEngine, turn_id: str) -> TurnRow:
         return await db.get_one(TurnRow, turn_id)
 
 
+def renewals(engine: AsyncEngine, do: Callable[[Any], None], times: int) -> list[str]:
+    """Do `do(cursor)` instead of the first `times` lease renewals; the ones it did."""
+    done: list[str] = []
+
+    @event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def _renew(conn: Any, cursor: Any, statement: str, params: Any, *args: Any) -> None:
+        changes = statement.upper().split(" WHERE ")[0]
+        # RENEW is the one write of a turn that sets its lease and nothing else.
+        renew = changes.startswith("UPDATE TURNS SET") and "UPDATED_AT" not in changes
+        if renew and len(done) < times:
+            done.append(statement)
+            do(cursor)
+
+    return done
+
+
+def kill_connection(cursor: Any) -> None:
+    cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+
 async def test_a_tool_that_runs_longer_than_the_turn_timeout_is_not_cut_off(
     engine: AsyncEngine, team: str
 ) -> None:
@@ -168,16 +189,7 @@ async def test_the_heartbeat_survives_dropped_connections_and_the_turn_completes
     model.script(transfer("slow-6"), echo)
     w = workflow(engine, model, lease=4.5)  # renewed every 1.5 s; a failed one after 1 s
     turn_id = await approved_transfer(w, team, "slow-6")
-    killed: list[str] = []
-
-    @event.listens_for(engine.sync_engine, "before_cursor_execute")
-    def _kill(conn: Any, cursor: Any, statement: str, params: Any, *args: Any) -> None:
-        changes = statement.upper().split(" WHERE ")[0]
-        # RENEW is the one write of a turn that sets its lease and nothing else.
-        renew = changes.startswith("UPDATE TURNS SET") and "UPDATED_AT" not in changes
-        if renew and len(killed) < 2:
-            killed.append(statement)
-            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    killed = renewals(engine, kill_connection, times=2)
 
     replica_model = ScriptedModel()
     replica = workflow(pg_engine, replica_model, lease=4.5)
@@ -207,6 +219,81 @@ async def test_the_heartbeat_survives_dropped_connections_and_the_turn_completes
     assert len(ledger()) == 1
     row = await turn_row(engine, turn_id)
     assert (row.state, row.attempts) == (TurnState.DONE, 1)
+
+
+async def test_a_hanging_renewal_times_out_and_is_retried_before_the_lease_lapses(
+    engine: AsyncEngine, pg_engine: AsyncEngine, team: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first renewal hangs (a stalled connection) far past the lease. It is given up
+    after a third of the lease and retried, the lease never lapses, and a replica sweeping
+    all along takes nothing."""
+    model = ScriptedModel()
+    model.script(transfer("slow-6"), echo)
+    w = workflow(engine, model, lease=4.5)  # renewed every 1.5 s; a failed one after 1 s
+    turn_id = await approved_transfer(w, team, "slow-6")
+    hung = renewals(engine, lambda cursor: cursor.execute("SELECT pg_sleep(20)"), times=1)
+    replica_model = ScriptedModel()
+    replica = workflow(pg_engine, replica_model, lease=4.5)
+    taken: list[object] = []
+
+    async def sweep_all_along() -> None:
+        while True:
+            taken.extend((await replica.sweep(team)).resumed)
+            await asyncio.sleep(0.2)
+
+    caplog.set_level(logging.WARNING, logger="agent.workflow")
+    sweeper = asyncio.create_task(sweep_all_along())
+    try:
+        async with asyncio.timeout(30):
+            resumed = await w.continue_turn(turn_id)
+    finally:
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
+
+    assert len(hung) == 1, "no renewal hung"
+    assert "could not renew the lease" in caplog.text
+    assert taken == [] and replica_model.requests == []
+    assert resumed is not None and isinstance(resumed.outcome, Reply), resumed
+    assert len(ledger()) == 1
+    row = await turn_row(engine, turn_id)
+    assert (row.state, row.attempts) == (TurnState.DONE, 1)
+
+
+async def test_a_resume_that_loses_its_lease_stops(
+    engine: AsyncEngine, pg_engine: AsyncEngine, team: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every renewal fails, the lease runs out and a replica takes the turn over. The first
+    resume stops there (cancelled), rather than running on beside the replica's."""
+    slow = SlowModel()
+    model = ScriptedModel()
+    model.script(transfer("12345"), slow)
+    w = workflow(engine, model, lease=1.5)  # renewed every 0.5 s
+    turn_id = await approved_transfer(w, team, "12345")
+    renewals(engine, kill_connection, times=100)
+    caplog.set_level(logging.ERROR, logger="agent.workflow")
+    resume = asyncio.create_task(w.continue_turn(turn_id))
+    try:
+        async with asyncio.timeout(10):
+            await slow.answering.wait()  # the tool ran; the model is answering
+        replica_model = ScriptedModel()
+        replica_model.script(echo)
+        replica = workflow(pg_engine, replica_model, lease=1.5)
+        taken: list[object] = []
+        async with asyncio.timeout(10):
+            while not taken:  # a replica's sweeps, until the lease has run out
+                await asyncio.sleep(0.1)
+                taken.extend((await replica.sweep(team)).resumed)
+            # It stops by itself: the model it waits on never answers.
+            assert await resume is None
+    finally:
+        await slow.finish()
+    assert "lost its lease; its resume stopped" in caplog.text
+    [resumed] = taken
+    assert isinstance(resumed, Resumed) and isinstance(resumed.outcome, Reply)
+    assert len(ledger()) == 1
+    row = await turn_row(engine, turn_id)
+    assert (row.state, row.attempts) == (TurnState.DONE, 2)
 
 
 async def test_a_resume_cut_off_by_shutdown_is_let_go_and_the_next_sweep_takes_it_at_once(

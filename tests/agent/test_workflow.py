@@ -58,8 +58,7 @@ async def test_approve_runs_the_tool_once_with_the_requested_input(h: Harness) -
     assert await h.workflow.continue_turn(decided.turn_id) is None  # nothing left to resume
 
 
-async def test_every_step_of_an_approval_is_audited_once(h_any: Harness) -> None:
-    h = h_any
+async def test_every_step_of_an_approval_is_audited_once(h: Harness) -> None:
     h.model.script(calls(("transferMoney", TRANSFER)), answer_with_tool_results)
     out = await h.workflow.start_turn(h.thread(), "U_EMP", "send 500 to 12345")
     assert isinstance(out, AwaitingApproval)
@@ -217,9 +216,8 @@ async def test_fifty_concurrent_approvals_execute_once(h: Harness) -> None:
     assert len(h.ledger()) == 1
 
 
-async def test_a_resume_that_lost_its_lease_changes_nothing(h_any: Harness) -> None:
+async def test_a_resume_that_lost_its_lease_changes_nothing(h: Harness) -> None:
     """A slow resume whose lease ran out is taken over; its late result is dropped."""
-    h = h_any
     slow_reply_may_go = asyncio.Event()
 
     async def slow(request: ModelRequest[Any]) -> ModelResponse:

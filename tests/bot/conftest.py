@@ -23,7 +23,6 @@ from typing import Any
 import aiohttp
 import asyncpg  # type: ignore[import-untyped]
 import pytest
-from aiohttp import web
 from sqlalchemy.engine import make_url
 
 from bot.server import Service
@@ -33,7 +32,7 @@ from storage.migrate import upgrade
 from tests.conftest import pg_test_url
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini
-from tests.fakes.slack_api import Call, FakeSlack, serve_local
+from tests.fakes.slack_api import Call, FakeSlack
 
 SECRET = "test-signing-secret"
 APPROVERS = "C0APPROVE"
@@ -110,6 +109,8 @@ def bot_settings(slack: FakeSlack, gemini: FakeGemini, **overrides: Any) -> Sett
 async def fake_slack() -> AsyncIterator[FakeSlack]:
     async with FakeSlack(ts_start=int(time.time())) as slack:  # posts get real-time ts
         slack.channels[APPROVERS] = {"is_private": True}  # the only kind the bot accepts
+        # Who is in it: a modal's submission asks Slack again (a test may change it).
+        slack.members[APPROVERS] = ["UBOSS", "UCFO", "UOTHERBOSS"]
         yield slack
 
 
@@ -219,7 +220,7 @@ class SlackClient:
         """Press a button of the card whose chat.postMessage is `card`."""
         value = button_value(card, action)
         assert self.service.deps is not None
-        approval = await self.service.deps.workflow.approval(team, value)
+        approval = await self.service.deps.workflow.approval(team, value.split("~")[0])
         payload = sp.block_actions(
             team,
             user,
@@ -277,6 +278,11 @@ async def client(service: Service, fake_slack: FakeSlack) -> AsyncIterator[Slack
 # -- reading what the service sent to Slack --------------------------------------------------
 
 
+def approval_id_of(card: Call) -> str:
+    """The approval a card is about (its decision buttons name a version too: `<id>~<n>`)."""
+    return button_value(card, "approve").split("~")[0]
+
+
 def button_value(card: Call, action: str) -> str:
     for block in card.args.get("blocks") or []:
         if block.get("type") == "actions":
@@ -293,64 +299,3 @@ def in_channel(channel: str, thread_ts: str | None = None) -> Callable[[Call], b
         return thread_ts is None or call.args.get("thread_ts") == thread_ts
 
     return match
-
-
-# -- a fake Socket Mode endpoint -------------------------------------------------------------
-
-
-class FakeSocketMode:
-    """A Slack Socket Mode endpoint on 127.0.0.1: says hello, sends envelopes, records acks."""
-
-    def __init__(self) -> None:
-        self.received: list[dict[str, Any]] = []
-        self.connected = asyncio.Event()
-        self._ws: web.WebSocketResponse | None = None
-        self._cond = asyncio.Condition()
-        self.app = web.Application()
-        self.app.router.add_get("/link", self._link)
-        self.url = ""
-
-    async def _link(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse()
-        await ws.prepare(request)
-        self._ws = ws
-        hello = {
-            "type": "hello",
-            "num_connections": 1,
-            "debug_info": {"host": "fake", "approximate_connection_time": 3600},
-            "connection_info": {"app_id": "A0000APP"},
-        }
-        await ws.send_json(hello)
-        self.connected.set()
-        async for message in ws:
-            if message.type == aiohttp.WSMsgType.TEXT:
-                async with self._cond:
-                    self.received.append(json.loads(message.data))
-                    self._cond.notify_all()
-        return ws
-
-    async def send(self, envelope: dict[str, Any]) -> None:
-        await asyncio.wait_for(self.connected.wait(), timeout=5)
-        assert self._ws is not None
-        await self._ws.send_json(envelope)
-
-    async def wait_for_ack(self, envelope_id: str, timeout: float = 5.0) -> dict[str, Any]:  # noqa: ASYNC109
-        def acked() -> dict[str, Any] | None:
-            return next((m for m in self.received if m.get("envelope_id") == envelope_id), None)
-
-        async with asyncio.timeout(timeout), self._cond:
-            await self._cond.wait_for(lambda: acked() is not None)
-        found = acked()
-        assert found is not None
-        return found
-
-
-@pytest.fixture
-async def socket_mode(fake_slack: FakeSlack) -> AsyncIterator[FakeSocketMode]:
-    fake = FakeSocketMode()
-    async with serve_local(fake.app) as url:
-        fake.url = url.replace("http://", "ws://") + "/link"
-        fake_slack.handlers["apps.connections.open"] = lambda args: {"ok": True, "url": fake.url}
-        yield fake
-        if fake._ws is not None:
-            await fake._ws.close()

@@ -173,9 +173,9 @@ def test_pending_card_layout() -> None:
     assert [b["action_id"] for b in actions[0]["elements"]] == ["show_conversation"]
     buttons = actions[1]["elements"]
     assert [(b["action_id"], b["value"], b.get("style")) for b in buttons] == [
-        ("approve", "ap-1", "primary"),
-        ("edit_approve", "ap-1", None),
-        ("deny", "ap-1", "danger"),
+        ("approve", "ap-1~1", "primary"),
+        ("edit_approve", "ap-1~1", None),
+        ("deny", "ap-1~1", "danger"),
     ]
     assert "Full input" not in json.dumps(card)  # nothing was shortened
     assert f"<!date^{int((NOW + timedelta(hours=1)).timestamp())}^" in json.dumps(card)
@@ -393,6 +393,57 @@ def test_look_alike_letters_from_another_alphabet_are_flagged() -> None:
     assert "mixes alphabets" in fields["*payee*"]  # a Cyrillic a (U+0430) among Latin ones
     assert "mixes alphabets" not in fields["*city*"]  # all Cyrillic: a word, not a trick
     assert "mixes alphabets" not in fields["*to*"]
+
+
+def test_a_whole_word_in_look_alike_letters_of_another_alphabet_is_flagged() -> None:
+    cyrillic_ext = "\u0415\u0425\u0422999"  # Cyrillic Ie, Ha, Te: reads as EXT999
+    greek_bank = "\u0392\u0391\u039d\u039a"  # Greek Beta, Alpha, Nu, Kappa: BANK
+    shown = render(
+        info(
+            input={"toAccount": cyrillic_ext, "bank": greek_bank, "city": "Москва", "to": "EXT999"}
+        )
+    )
+    fields = {
+        f["text"].split("\n")[0]: f["text"]
+        for f in next(b["fields"] for b in shown["blocks"] if "fields" in b)
+    }
+    assert "look-alike letters" in fields["*toAccount*"]
+    assert "look-alike letters" in fields["*bank*"]
+    assert "look-alike letters" not in fields["*city*"]  # a Russian word: letters of its own
+    assert "look-alike letters" not in fields["*to*"]
+
+
+MARKUP = {
+    "bold": "*EXT999*",
+    "italic": "_urgent_",
+    "strike": "~ACC-1~",
+    "code": "`ACC-1`",
+    "lines": "ACC-1\n*toAccount*\nEXT999",
+    "quote": "> approved by the CFO",
+}
+
+
+def test_values_cannot_restyle_themselves_on_a_card() -> None:
+    """A value with mrkdwn markup (or a line break: a forged field of its own) is shown as
+    code, where Slack formats nothing; the card's own markup stays the only markup."""
+    shown = render(info(input={**MARKUP, "to_*key*": "x", "plain": "ACC-1"}))
+    validate(shown)
+    fields = next(b["fields"] for b in shown["blocks"] if "fields" in b)
+    for field in fields:
+        text = field["text"]
+        outside = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+        key = text.split("\n")[0]
+        if key == "*plain*":
+            assert text == "*plain*\nACC-1"
+            continue
+        if key.startswith("```"):  # a key with markup is code too
+            assert outside.strip() == "x"
+            continue
+        assert outside == f"{key}\n", text  # only the key's own bold outside code
+        assert MARKUP[key.strip("*")].replace(">", "&gt;") in text
+    summary = blocks._summary({"to": "*EXT999*", "memo": "a `b` c"})
+    assert summary == "`to: *EXT999*, memo: a 'b' c`"  # inline code: nothing restyled
+    assert blocks._summary({"to": "ACC-1"}) == "to: ACC-1"
 
 
 def test_every_invisible_kind_of_character_is_caught() -> None:

@@ -13,21 +13,24 @@ import jsonschema
 import pytest
 import yaml
 
+from tests.conftest import pg_test_url
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_bot(
-    *args: str, env: dict[str, str], absent: tuple[str, ...] = ()
+    *args: str, env: dict[str, str], absent: tuple[str, ...] = (), cwd: Path = ROOT
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m bot ARGS`; the `absent` packages cannot be imported, as if not installed
-    (`None` in sys.modules is Python's own "cannot import")."""
+    """`python -m bot ARGS` in `cwd`; the `absent` packages cannot be imported, as if not
+    installed (`None` in sys.modules is Python's own "cannot import")."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GEMINI_"))}
+    clean |= {"PYTHONPATH": str(ROOT)}
     blocked = "".join(f"sys.modules[{name!r}] = None; " for name in absent)
     run = f"import runpy, sys; {blocked}runpy.run_module('bot', run_name='__main__')"
     return subprocess.run(  # noqa: S603
         [sys.executable, "-c", run, *args] if absent else [sys.executable, "-m", "bot", *args],
         env={**clean, **env},
-        cwd=ROOT,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=120,
@@ -134,13 +137,13 @@ def test_the_manifest_fits_slacks_manifest_schema() -> None:
         jsonschema.validate(misspelt, schema)
 
 
-def test_tools_that_cannot_be_loaded_are_a_configuration_error(tmp_path: Path) -> None:
+def test_tools_that_cannot_be_loaded_are_a_configuration_error() -> None:
     env = {
         "SLACK_BOT_TOKEN": "xoxb-1",
         "SLACK_SIGNING_SECRET": "s",
         "GEMINI_API_KEY": "k",
         "APPROVER_CHANNEL": "C0APPROVE",
-        "DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}",
+        "DATABASE_URL": pg_test_url(),
         "AGENT_TOOLS": "no_such_tools_module",
         "PORT": "0",
     }
@@ -160,7 +163,7 @@ def test_an_invalid_policy_file_stops_the_bot_naming_the_file_and_the_line(
         "SLACK_SIGNING_SECRET": "s",
         "GEMINI_API_KEY": "k",
         "APPROVER_CHANNEL": "C0APPROVE",
-        "DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}",
+        "DATABASE_URL": pg_test_url(),
         "POLICY_FILE": str(policy),
         "PORT": "0",
     }
@@ -173,9 +176,7 @@ def test_an_invalid_policy_file_stops_the_bot_naming_the_file_and_the_line(
     assert result.returncode == 2 and "line 2: tools: no tool 'launchRockets'" in result.stderr
 
 
-def test_a_model_whose_plugin_is_not_installed_stops_the_bot_naming_the_extra(
-    tmp_path: Path,
-) -> None:
+def test_a_model_whose_plugin_is_not_installed_stops_the_bot_naming_the_extra() -> None:
     env = {
         "SLACK_BOT_TOKEN": "xoxb-1",
         "SLACK_SIGNING_SECRET": "s",
@@ -183,13 +184,12 @@ def test_a_model_whose_plugin_is_not_installed_stops_the_bot_naming_the_extra(
         "GEMINI_API_KEY": "k",
         "ANTHROPIC_API_KEY": "k",
         "AGENT_FALLBACK_MODELS": "anthropic/claude-sonnet-4-5",
-        "DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}",
+        "DATABASE_URL": pg_test_url(),
     }
     result = run_bot(env=env, absent=("genkit_anthropic",))
     assert result.returncode == 2, result.stderr
     assert "pip install 'greenlight[anthropic]'" in result.stderr
     assert "Traceback" not in result.stderr
-    assert not (tmp_path / "cli.db").exists()  # stopped before anything started
 
 
 def test_retention_settings_are_checked() -> None:

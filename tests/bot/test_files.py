@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from agent.files import Files
 from bot.server import Service
 from tests.bot.conftest import ADMIN, APPROVERS, SlackClient, in_channel, new_ts, settle
 from tests.bot.test_e2e import BOSS, REQUESTER, decided_card, reply_in_thread, said, text_of
@@ -45,6 +46,29 @@ async def test_a_read_runs_without_approval(
     assert "hello\\nworld" in model_saw  # the file reached the model (as the middleware sends it)
     _, listing = await client.command(team, ADMIN, "list")
     assert "• `read_file` — runs freely" in listing and "• `edit_file` — needs approval" in listing
+
+
+async def test_each_read_reaches_its_own_turn_with_the_tools_defined_once(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    root: Path,
+) -> None:
+    """The tools are defined once per process (agent/files.py `Files`), but a file read
+    is still queued for the model call that read it, not the one that defined them."""
+    (root / "other.txt").write_text("second file\n")
+    for name, answer in (("notes.txt", "It says hello."), ("other.txt", "It is the second.")):
+        gemini.script(function_call("read_file", {"file_path": name}), text(answer))
+        assert (await client.dm(team, REQUESTER, f"what's in {name}?", ts=new_ts()))[0] == 200
+        await said(fake_slack, answer)
+    await settle(service)
+    first, second = (json.dumps(r.json) for r in gemini.generate_requests()[1::2])
+    assert "hello\\nworld" in first and "second file" not in first
+    assert "second file" in second and "hello\\nworld" not in second
+    defined = Files(root_dir=str(root)).tools(None)  # type: ignore[arg-type]
+    assert defined is Files(root_dir=str(root)).tools(None)  # type: ignore[arg-type]
 
 
 async def test_an_edit_shows_its_diff_and_runs_once_when_approved(

@@ -10,6 +10,7 @@ from typing import Any
 
 from agent.workflow import Approved, Vote
 from bot import home
+from bot.listeners.commands import policy_summary
 from bot.server import Service
 from tests import ledger_tools
 from tests.bot.conftest import ADMIN, APPROVERS, DM, SlackClient, in_channel, new_ts, settle
@@ -61,8 +62,8 @@ async def test_an_approver_sees_what_they_may_decide_and_the_requester_their_req
     asked = await ask(client, fake_slack, gemini, team)
 
     boss = await open_home(client, team, BOSS)
-    assert [v for _, v in buttons(boss, "approve")] == [asked.approval_id]
-    assert [v for _, v in buttons(boss, "deny")] == [asked.approval_id]
+    assert [v for _, v in buttons(boss, "approve")] == [f"{asked.approval_id}~1"]
+    assert [v for _, v in buttons(boss, "deny")] == [f"{asked.approval_id}~1"]
     assert buttons(boss, "edit_approve")  # transferMoney has a schema to edit by
     assert "`transferMoney` for <@UEMP>" in shown(boss) and "amount: 500" in shown(boss)
     assert "{ago}" in shown(boss)  # its age, in the reader's Slack
@@ -82,7 +83,7 @@ async def test_an_approver_sees_what_they_may_decide_and_the_requester_their_req
     admin = await open_home(client, team, ADMIN)
     assert "Policy (admins)" in shown(admin)
     assert "`transferMoney` — needs approval · <#C0APPROVE>" in shown(admin)
-    assert [v for _, v in buttons(admin, "approve")] == [asked.approval_id]
+    assert [v for _, v in buttons(admin, "approve")] == [f"{asked.approval_id}~1"]
 
     # Opening the Messages tab publishes nothing.
     await client.send(sp.app_home_opened_event(team, BOSS, tab="messages"))
@@ -135,7 +136,7 @@ async def test_a_refused_click_on_the_home_changes_nothing_and_says_why_there(
     fake_slack.members[APPROVERS] = [BOSS, OUTSIDER]
     asked = await ask(client, fake_slack, gemini, team)
     outsider = await open_home(client, team, OUTSIDER)
-    assert [v for _, v in buttons(outsider, "approve")] == [asked.approval_id]
+    assert [v for _, v in buttons(outsider, "approve")] == [f"{asked.approval_id}~1"]
     # Meanwhile an admin names BOSS alone: the click checks again, under the policy now.
     _, answer = await client.command(team, ADMIN, "approvers transferMoney <@UBOSS>")
     assert answer.startswith("Done.")
@@ -260,3 +261,46 @@ async def test_own_requests_say_where_they_are(
     )
     assert "…and 3 more — see `/approvals pending`" in shown(view)
     assert len(view["blocks"]) <= home.MAX_BLOCKS
+
+
+async def test_refreshes_go_to_homes_opened_recently_and_at_most_so_many_a_minute(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """A change refreshes only the Homes opened in the last `recent` seconds, and no more
+    than `per_minute` of them a minute (the rest wait; views.publish is rate limited)."""
+    fake_slack.members[APPROVERS] = [BOSS, ADMIN]
+    asked = await ask(client, fake_slack, gemini, team)
+    assert service.deps is not None and service.app is not None
+    deps, slack = service.deps, service.app.client
+    clock = [1000.0]
+    tabs = home.HomeTabs(
+        workflow=deps.workflow,
+        people=deps.people,
+        background=deps.background,
+        links=deps.delivery.link,
+        summary=policy_summary,
+        delay=0.01,
+        recent=60.0,
+        per_minute=1,
+        now=lambda: clock[0],
+    )
+    for user in (BOSS, ADMIN):
+        await tabs.publish(slack, team, user, opened=True)
+    published = {u: len(fake_slack.homes[u]) for u in (BOSS, ADMIN)}
+    approval = await deps.workflow.approval(team, asked.approval_id)
+    assert approval is not None
+    tabs.changed(slack, approval)
+
+    def more() -> int:
+        return sum(len(fake_slack.homes[u]) - published[u] for u in (BOSS, ADMIN))
+
+    await poll(lambda: more() == 1, "one Home refreshed")
+    await settle(service)
+    assert more() == 1  # the other waits for the next minute
+    tabs.close()
+
+    clock[0] += 61.0  # both were opened over a minute ago: no longer refreshed
+    published = {u: len(fake_slack.homes[u]) for u in (BOSS, ADMIN)}
+    tabs.changed(slack, approval)
+    await settle(service)
+    assert more() == 0

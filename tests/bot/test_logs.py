@@ -9,9 +9,13 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from sqlalchemy import text as sql
+from sqlalchemy.exc import DBAPIError
 
 from bot.logs import setup_logging
+from storage.db import make_engine
 from tests.bot.test_faults import bot_process
+from tests.conftest import pg_test_url
 from tests.fakes.gemini import FakeGemini
 from tests.fakes.slack_api import FakeSlack
 
@@ -58,3 +62,18 @@ def test_json_lines_carry_the_exception_and_the_ids(capsys: pytest.CaptureFixtur
     assert record["message"] == "resume of turn T-1 failed"
     assert record["turn_id"] == "T-1"
     assert "RuntimeError: boom" in record["exception"]
+
+
+SECRET = "MARKER-7f3a"  # a person's words, a tool input or an answer, bound as a parameter
+
+
+async def test_database_errors_hide_bound_parameters() -> None:
+    engine = make_engine(pg_test_url())
+    try:
+        async with engine.connect() as conn:
+            with pytest.raises(DBAPIError) as failed:
+                await conn.execute(sql("SELECT CAST(:v AS text), 1 / 0"), {"v": SECRET})
+    finally:
+        await engine.dispose()
+    assert "division by zero" in str(failed.value)
+    assert SECRET not in str(failed.value)

@@ -138,6 +138,24 @@ async def test_a_tools_error_result_reaches_the_model(
     assert mcp_tickets.created() == []
 
 
+async def test_a_call_that_does_not_fit_the_servers_input_schema_never_reaches_a_card(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """The server's `inputSchema` requires a string `title`: the model is told what is
+    wrong; no approver is asked to approve a call that cannot run."""
+    bad = {"title": 42, "priority": "high"}
+    gemini.script(function_call("tickets.create_ticket", bad), text("Let me fix that."))
+    await dm(client, fake_slack, team, "open a ticket")
+    await said(fake_slack, "Let me fix that.")
+    await settle(service)
+    [response] = gemini.function_responses()
+    content = response["response"]["content"]
+    assert content["ok"] is False and "invalid input" in content["error"]
+    assert "title" in content["error"]
+    assert not [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(APPROVERS)(c)]
+    assert mcp_tickets.created() == []
+
+
 @pytest.mark.parametrize("ready_at_start", [False])
 async def test_a_server_down_at_start_joins_when_it_comes_up(
     client: SlackClient,

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot import people as people_module
 from bot.app import web_client
 from bot.people import CACHE_TTL, People
 from tests.agent.conftest import Clock
@@ -49,3 +50,18 @@ async def test_group_membership_is_refreshed_as_often(
     fake_slack.usergroups["SFIN"] = []
     clock.advance(seconds=CACHE_TTL.total_seconds() + 1)
     assert await people.group_members(client, "SFIN") == frozenset()
+
+
+async def test_each_cache_keeps_at_most_so_many_people(
+    fake_slack: FakeSlack, client: AsyncWebClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that meets ever more people keeps a bounded cache (the oldest go first)."""
+    monkeypatch.setattr(people_module, "CACHE_KEPT", 2)
+    people = People(admin_users=[], clock=Clock())
+    for user in ("U1", "U2", "U3"):
+        fake_slack.users[user] = {"is_admin": True}
+        assert await people.is_admin(client, user)
+    assert await people.is_admin(client, "U3")  # still cached
+    assert len(fake_slack.calls_to("users.info")) == 3
+    assert await people.is_admin(client, "U1")  # forgotten: asked again
+    assert len(fake_slack.calls_to("users.info")) == 4

@@ -186,7 +186,7 @@ async def test_an_edit_resets_a_quorum_and_an_approve_of_the_card_as_it_was_is_r
     # UBOSS approved 20000, not 15000: a click on the card as it was changes nothing.
     assert (await client.click(team, "UBOSS", "approve", asked.card))[0] == 200
     (stale,) = await fake_slack.wait_for("chat.postEphemeral")
-    assert text_of(stale).startswith("The request was changed since your card showed it")
+    assert text_of(stale).startswith("The request was changed since you saw it")
     await settle(service)
     assert ledger_tools.entries() == []
 

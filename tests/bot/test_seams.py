@@ -68,7 +68,10 @@ async def test_an_amount_sent_as_a_string_never_runs_on_one_approval(
     the tool's rules applies (two approvals), and the card names the rule."""
     asked = await ask(client, fake_slack, gemini, team, args={"amount": "250000", "toAccount": "9"})
     shown = json.dumps(asked.card.args["blocks"])
-    assert "0 of 2 approvals" in shown and "rule 1 (`args.amount &gt;= 100000`)" in shown
+    # Either the rule failed on the string (the strictest outcome) or it matched the input as
+    # the schema coerced it: two approvals either way, and the card names the rule.
+    assert "0 of 2 approvals" in shown and "rule 1" in shown
+    assert "`args.amount &gt;= 100000`" in shown
     assert (await client.click(team, "UBOSS", "approve", asked.card))[0] == 200
     await fake_slack.wait_for("chat.update", predicate=card_shows("1 of 2"))
     await settle(service)
@@ -149,6 +152,7 @@ async def test_whoever_answered_the_turns_question_may_not_approve_what_it_led_t
     """Mallory answers "which account?" with ACC-MAL; the call to pay ACC-MAL lists her as a
     participant, her Approve is refused, a third person's works."""
     mallory, carol = "UMALLORY", "UCAROL"
+    fake_slack.members[APPROVERS] = [mallory, carol]
     question = {"question": "Which account?", "who": "approvers"}
     gemini.script(function_call("askHuman", question, id="q1"))
     ts = new_ts()
@@ -186,6 +190,7 @@ async def test_whoever_denied_with_a_reason_may_not_approve_the_call_it_led_to(
     """Dave denies "pay ACC-DEN instead"; the model is sent that and asks to pay ACC-DEN:
     Dave's Approve of it is refused."""
     dave, carol = "UDAVE", "UCAROL"
+    fake_slack.members[APPROVERS] = [dave, carol]
     asked = await ask(client, fake_slack, gemini, team)
     assert (await client.click(team, dave, "deny", asked.card))[0] == 200
     (opened,) = await fake_slack.wait_for("views.open")

@@ -123,6 +123,21 @@ async def test_a_url_in_a_streamed_reply_is_code_never_a_link(
     assert reply["text"] == "See `https://evil.example/x?secret=1` and &lt;!here&gt; ok"
 
 
+@EVERY_PIECE
+async def test_bare_domains_and_markdown_links_in_a_streamed_reply_are_code(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """A bare domain, and a markdown link written across pieces: what decides is the text
+    so far, so the link goes out whole and only as text, its target as code."""
+    gemini.script(text("Try evil.example now, or [click ", "here](https://evil.example/?q=1) ok"))
+    assert (await client.dm(team, REQUESTER, "link?", ts=new_ts()))[0] == 200
+    reply = await said(fake_slack, "Try ", prefix=True)
+    await settle(service)
+    assert reply["text"] == (
+        "Try `evil.example` now, or click here `(https://evil.example/?q=1)` ok"
+    )
+
+
 async def test_a_stream_no_outcome_took_is_stopped_with_what_it_said(
     fake_slack: FakeSlack,
 ) -> None:

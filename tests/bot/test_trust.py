@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agent.workflow import CardState, Expired, Reply
+from agent.workflow import CardState, Denied, Expired, Reply
 from bot.clicks import CLICKS
 from bot.server import Service
 from bot.settings import ConfigError
@@ -31,7 +31,7 @@ from tests.bot.conftest import (
     settle,
 )
 from tests.bot.test_e2e import BOSS, TRANSFER, ask, decided_card, reply_in_thread, said, text_of
-from tests.conftest import poll
+from tests.conftest import pg_test_url, poll
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, function_call, text
 from tests.fakes.slack_api import BOT_USER_ID, FakeSlack
@@ -130,7 +130,7 @@ async def test_the_cli_exits_2_naming_a_public_approver_channel(
         "SLACK_API_URL": fake_slack.base_url,
         "GEMINI_API_KEY": "k",
         "APPROVER_CHANNEL": "C0PUBLIC",
-        "DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}",
+        "DATABASE_URL": pg_test_url(),
         "PORT": "0",
     }
     proc = await asyncio.create_subprocess_exec(
@@ -162,6 +162,28 @@ async def test_a_route_to_a_public_channel_is_refused_until_approvers_are_named(
     assert "<#C0PUBLIC> is a public channel" in reset
     _, listing = await client.command(team, ADMIN, "list")
     assert "approvers: <@UCFO>" in listing
+
+
+async def test_a_card_in_a_public_channel_quotes_nothing_of_the_conversation(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """A route to a public channel is allowed once approvers are named; anyone can read
+    that channel, so its card carries no quotes of the conversation."""
+    assert (await client.command(team, ADMIN, "approvers transferMoney <@UCFO>"))[1].startswith(
+        "Done."
+    )
+    assert (await client.command(team, ADMIN, "route transferMoney C0PUBLIC"))[1].startswith(
+        "Done."
+    )
+    gemini.script(function_call("transferMoney", TRANSFER, id="call-1"))
+    status, _ = await client.dm(team, "UEMP", "secret plan: send 500 to 12345", ts=new_ts())
+    assert status == 200
+    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=in_channel("C0PUBLIC"))
+    shown = json.dumps(card.args["blocks"], ensure_ascii=False)
+    assert "secret plan" not in shown and "asked:" not in shown
+    assert "not quoted here: this channel is public" in shown
+    assert "12345" in shown  # the call itself is shown in full
+    await settle(service)
 
 
 async def test_a_click_in_an_approver_channel_made_public_is_refused(
@@ -411,3 +433,59 @@ async def test_a_hidden_character_in_an_argument_is_shown_and_flagged_on_the_car
     sent = json.dumps(asked.card.args, ensure_ascii=False)
     assert "\u202e" not in sent
     assert "1234\\\\u202e98765" in sent and "contains hidden characters" in sent
+
+
+async def test_nul_characters_are_stripped_and_call_refs_are_greenlights_own(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """PostgreSQL cannot store NUL in text: a call's input and a deny reason holding one are
+    stored (and shown, and run) without it. The model's own call id is replaced by ours."""
+    asked = await ask(
+        client, fake_slack, gemini, team, args={"amount": 5, "toAccount": "12\x00345"}
+    )
+    assert service.deps is not None
+    stored = await service.deps.workflow.approval(team, asked.approval_id)
+    assert stored is not None and stored.request.input == {"amount": 5, "toAccount": "12345"}
+    assert stored.request.ref and stored.request.ref != "call-1"
+    assert "\\u0000" not in json.dumps(asked.card.args["blocks"])  # nothing hidden to flag
+
+    status, _ = await client.click(team, BOSS, "deny", asked.card)
+    assert status == 200
+    (opened,) = await fake_slack.wait_for("views.open")
+    gemini.script(text("Denied."))
+    reason = {"reason": {"reason": {"type": "plain_text_input", "value": "no\x00pe"}}}
+    status, _ = await client.submit(team, BOSS, opened.args["view"], reason)
+    assert status == 200
+    await fake_slack.wait_for("chat.update", predicate=decided_card("Denied by"))
+    await settle(service)
+    denied = await service.deps.workflow.approval(team, asked.approval_id)
+    assert denied is not None and isinstance(denied.decision, Denied)
+    assert denied.decision.reason == "nope"
+    assert ledger_tools.entries() == []
+
+
+@pytest.mark.parametrize(
+    "who",
+    [{"is_restricted": True}, {"is_ultra_restricted": True}, {"team_id": "T0OTHERORG"}],
+    ids=["guest", "single-channel guest", "another organisation"],
+)
+async def test_guests_and_people_of_other_organisations_cannot_approve_or_administer(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    who: dict[str, Any],
+) -> None:
+    """Even in the approver channel, and even as a workspace admin by Slack's flags."""
+    fake_slack.users["UGUEST"] = {"is_admin": True, **who}
+    asked = await ask(client, fake_slack, gemini, team)
+    assert (await client.click(team, "UGUEST", "approve", asked.card))[0] == 200
+    (ephemeral,) = await fake_slack.wait_for("chat.postEphemeral")
+    assert "Guests and people of other organisations" in text_of(ephemeral)
+    _, answer = await client.command(team, "UGUEST", "allow transferMoney")
+    assert answer.startswith("Only workspace admins")
+    await settle(service)
+    assert service.deps is not None
+    still = await service.deps.workflow.approval(team, asked.approval_id)
+    assert still is not None and still.decision is None and ledger_tools.entries() == []

@@ -441,7 +441,7 @@ class FakeSlack:
             return _err("user_not_found")
         user: JSON = {
             "id": uid,
-            "team_id": self.team_id,
+            "team_id": args.get("team_id", self.team_id),  # a member of the asking workspace
             "name": f"user-{uid.lower()}",
             "real_name": f"User {uid}",
             "deleted": False,

@@ -1,5 +1,5 @@
-"""ApprovalStore on PostgreSQL and SQLite: each transition takes exactly when the lifecycle
-table allows it, and a refused one writes nothing (no state, no audit row, no side write)."""
+"""ApprovalStore: each transition takes exactly when the lifecycle table allows it, and a
+refused one writes nothing (no state, no audit row, no side write)."""
 
 from __future__ import annotations
 
@@ -161,8 +161,8 @@ class Db:
 
 
 @pytest.fixture
-def db(any_engine: AsyncEngine, team: str) -> Db:
-    sessions = make_session_factory(any_engine)
+def db(pg_engine: AsyncEngine, team: str) -> Db:
+    sessions = make_session_factory(pg_engine)
     return Db(ApprovalStore(sessions), sessions, team)
 
 
@@ -209,6 +209,7 @@ async def test_approval_transitions_take_exactly_when_the_table_allows(
             Requirement.PAST_DEADLINE: expires_at <= NOW,
             Requirement.APPROVED: status == ApprovalState.APPROVED,
             Requirement.SAME_CALL: True,
+            Requirement.SAME_VERSION: True,
             Requirement.NEW_VOTER: True,
             Requirement.QUORUM_MET: True,  # one approver needed, none so far
         }
@@ -515,6 +516,26 @@ async def test_an_edit_of_a_request_one_approver_decides_is_part_of_the_approval
     plain, _ = await db.seed()
     approved, _ = await db.store.decide(plain, Approved("UB", NOW))
     assert approved.edit is None
+
+
+async def test_a_decision_counts_only_for_the_version_it_names_and_the_gate_runs_that_one(
+    db: Db,
+) -> None:
+    approval = await quorum(db, 2)
+    v2 = await db.store.edit(approval, Edit({"amount": 3}, "UB", NOW))
+    assert (v2.version, v2.current.input, v2.current.edit) == (2, {"amount": 3}, v2.edit)
+    for stale in (Approved("UA", NOW), Denied("UA", NOW)):  # a view of version 1
+        with pytest.raises(IllegalTransition) as refused:
+            await db.store.decide(v2, stale, seen=1)
+        assert refused.value.unmet == (Requirement.AS_SEEN,)
+    v3 = await db.store.edit(v2, Edit({"amount": 5}, "UA", NOW))
+    assert v3.version == 3 and [(v.by, v.at) for v in v3.votes] == [("UA", NOW)]
+    done, _ = await db.store.decide(v3, Approved("UC", NOW), seen=3)
+    assert isinstance(done.decision, Approved) and done.current.input == {"amount": 5}
+    with pytest.raises(IllegalTransition) as other:  # a version that was never approved
+        await db.store.start_execution(replace(done, version=2), now=NOW)
+    assert other.value.unmet == (Requirement.SAME_VERSION,)
+    await db.store.start_execution(done, now=NOW)
 
 
 FOLLOW_UPS = {REMIND: ("reminder", "remind_at"), ESCALATE: ("escalation", "escalate_at")}

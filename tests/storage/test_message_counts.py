@@ -16,9 +16,9 @@ MINUTE = datetime(2030, 1, 2, 3, 4, tzinfo=UTC)
 
 
 async def test_a_person_over_their_limit_uses_up_none_of_the_workspace(
-    any_engine: AsyncEngine, team: str
+    pg_engine: AsyncEngine, team: str
 ) -> None:
-    counts = MessageCounts(make_session_factory(any_engine))
+    counts = MessageCounts(make_session_factory(pg_engine))
     seen = [await counts.count(team, "UA", minute=MINUTE, per_user=2) for _ in range(4)]
     assert seen == [1, 2, None, None]  # the workspace's count, while the person is within
     assert await counts.count(team, "UB", minute=MINUTE, per_user=2) == 3
@@ -27,8 +27,8 @@ async def test_a_person_over_their_limit_uses_up_none_of_the_workspace(
     assert await counts.count(team, "UA", minute=later, per_user=2) == 1
 
 
-async def test_each_person_is_told_once_a_minute(any_engine: AsyncEngine, team: str) -> None:
-    counts = MessageCounts(make_session_factory(any_engine))
+async def test_each_person_is_told_once_a_minute(pg_engine: AsyncEngine, team: str) -> None:
+    counts = MessageCounts(make_session_factory(pg_engine))
     await counts.count(team, "UA", minute=MINUTE, per_user=1)
     told = [await counts.first_refusal(team, "UA", minute=MINUTE) for _ in range(3)]
     assert told == [True, False, False]

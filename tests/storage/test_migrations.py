@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
@@ -15,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from storage.db import make_engine
 from storage.migrate import downgrade, upgrade
 from storage.models import Base
-from tests.conftest import ADMIN_URL
+from tests.conftest import admin_url
 
 
 def _diff(conn: Connection) -> list[Any]:
@@ -23,21 +22,17 @@ def _diff(conn: Connection) -> list[Any]:
     return list(compare_metadata(ctx, Base.metadata))
 
 
-@pytest.mark.parametrize("backend", ["postgresql", "sqlite"])
-async def test_models_match_migrations(
-    backend: str, pg_engine: AsyncEngine, sqlite_engine: AsyncEngine
-) -> None:
-    engine = pg_engine if backend == "postgresql" else sqlite_engine
-    async with engine.connect() as conn:
+async def test_models_match_migrations(pg_engine: AsyncEngine) -> None:
+    async with pg_engine.connect() as conn:
         assert await conn.run_sync(_diff) == []
 
 
 async def test_upgrade_and_downgrade_on_empty_postgres() -> None:
     name = f"greenlight_mig_{uuid.uuid4().hex[:8]}"
-    admin = make_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+    admin = make_engine(admin_url(), isolation_level="AUTOCOMMIT")
     async with admin.connect() as conn:
         await conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    url = make_url(admin_url()).set(database=name).render_as_string(hide_password=False)
     engine = make_engine(url)
     try:
         await upgrade(engine)

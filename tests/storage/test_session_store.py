@@ -1,4 +1,4 @@
-"""One contract for session stores: Genkit's own (in memory, files) and ours (PostgreSQL, SQLite).
+"""One contract for session stores: Genkit's own (in memory, files) and ours (PostgreSQL).
 
 Every test asserts the same results on every backend, so wherever `SqlSessionStore` differs
 from Genkit's stores it shows up here. The agent-driven tests run a real Genkit agent on a
@@ -43,8 +43,7 @@ from storage.models import MessageRow, SnapshotRow
 from storage.session_store import SqlSessionStore, current_team
 from tests.conftest import pg_test_url
 
-KINDS = ["memory", "file", "postgresql", "sqlite"]
-SQL_KINDS = ["postgresql", "sqlite"]
+KINDS = ["memory", "file", "postgresql"]
 DUMP: dict[str, Any] = {"mode": "json", "by_alias": True, "exclude_none": True}
 
 
@@ -89,9 +88,8 @@ class Backend:
         return SqlSessionStore(make_session_factory(self.engine()))
 
 
-async def _backend(kind: str, sqlite: AsyncEngine, tmp: Path, team: str) -> AsyncIterator[Backend]:
-    url = {"postgresql": pg_test_url(), "sqlite": sqlite.url.render_as_string(False)}.get(kind)
-    b = Backend(kind, team, url, str(tmp / "snapshots"))
+async def _backend(kind: str, tmp: Path, team: str) -> AsyncIterator[Backend]:
+    b = Backend(kind, team, pg_test_url() if kind == "postgresql" else None, str(tmp / "snapshots"))
     yield b
     for engine in b.engines:
         await engine.dispose()
@@ -99,17 +97,15 @@ async def _backend(kind: str, sqlite: AsyncEngine, tmp: Path, team: str) -> Asyn
 
 @pytest.fixture(params=KINDS)
 async def backend(
-    request: pytest.FixtureRequest, sqlite_engine: AsyncEngine, tmp_path: Path, team: str
+    request: pytest.FixtureRequest, tmp_path: Path, team: str
 ) -> AsyncIterator[Backend]:
-    async for b in _backend(request.param, sqlite_engine, tmp_path, team):
+    async for b in _backend(request.param, tmp_path, team):
         yield b
 
 
-@pytest.fixture(params=SQL_KINDS)
-async def sql(
-    request: pytest.FixtureRequest, sqlite_engine: AsyncEngine, tmp_path: Path, team: str
-) -> AsyncIterator[Backend]:
-    async for b in _backend(request.param, sqlite_engine, tmp_path, team):
+@pytest.fixture
+async def sql(tmp_path: Path, team: str) -> AsyncIterator[Backend]:
+    async for b in _backend("postgresql", tmp_path, team):
         yield b
 
 
@@ -563,10 +559,7 @@ async def test_racing_writers_lose_no_update(sql: Backend) -> None:
 async def test_version_check_catches_a_write_between_read_and_write(
     team: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without the row lock, the compare-and-swap alone rolls back and runs fn again.
-
-    PostgreSQL only: on SQLite the competing writer would wait for our BEGIN IMMEDIATE.
-    """
+    """Without the row lock, the compare-and-swap alone rolls back and runs fn again."""
     monkeypatch.setattr(session_store, "LOCK_ROW", session_store.GET_ROW)
     url, ctx = pg_test_url(), {"team_id": team}
     engine = make_engine(url)
@@ -664,8 +657,8 @@ async def _rows(b: Backend, snapshot_id: str) -> tuple[int, int]:
 
 
 async def test_failure_half_way_leaves_no_rows(sql: Backend) -> None:
-    # A stray message row makes a new snapshot's write fail after its row went in (SQLite:
-    # in its transaction; PostgreSQL: in its one statement), on a store that does not retry.
+    # A stray message row makes a new snapshot's write fail after its row went in (in its
+    # one statement), on a store that does not retry.
     stray = (MessageRow.team_id == sql.team, MessageRow.snapshot_id == "half")
     async with AsyncSession(sql.engine()) as s, s.begin():
         s.add(MessageRow(team_id=sql.team, snapshot_id="half", position=1, data={}))

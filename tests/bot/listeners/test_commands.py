@@ -44,7 +44,8 @@ async def test_each_subcommand_answers_through_the_table(
     service: Service, fake_slack: FakeSlack, team: str
 ) -> None:
     assert set(SUBCOMMANDS) == {
-        "list", "pending", "audit", "rules", "help", "allow", "require", "route", "approvers",
+        "list", "pending", "audit", "rules", "explain", "help", "allow", "require", "route",
+        "approvers",
         "timeout",
     }  # fmt: skip
 

