@@ -24,6 +24,12 @@ tools:
     rules:
       - when: "args.amount >= 100000"
         approvals: 2
+  getBalance:
+    rules:
+      - when: "args.owner == requester"   # getBalance has no owner: it never evaluates
+        allow: true
+      - when: "args.account.startsWith('EXT')"
+        approvals: 2
 """
 
 NOTES = "hello\nworld\n"
@@ -82,6 +88,31 @@ async def test_an_amount_sent_as_a_string_never_runs_on_one_approval(
     await settle(service)
     assert [e["amount"] for e in ledger_tools.entries()] == [250000]
     assert text_of(asked.note)
+
+
+@pytest.mark.parametrize("service_overrides", ["policy"], indirect=True)
+async def test_a_rule_on_a_missing_field_gives_the_strictest_rules_outcome_and_names_it(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    service_overrides: dict[str, Any],
+) -> None:
+    gemini.script(function_call("getBalance", {"account": "ACC-1"}))
+    assert (await client.dm(team, REQUESTER, "my balance?", ts=new_ts()))[0] == 200
+    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
+    shown = json.dumps(card.args["blocks"])
+    assert "rule 1 (`args.owner == requester`) could not be evaluated" in shown
+    assert "0 of 2 approvals" in shown and "the strictest rule applies (rule 2" in shown
+    assert (await client.click(team, "UBOSS", "approve", card))[0] == 200
+    await fake_slack.wait_for("chat.update", predicate=card_shows("1 of 2"))
+    await settle(service)
+    assert ledger_tools.entries() == []
+    gemini.script(text("100."))
+    assert (await client.click(team, "UCFO", "approve", card))[0] == 200
+    await poll(lambda: len(ledger_tools.entries()) == 1, "the balance")
+    await settle(service)
 
 
 # -- 5. File tools show the file that will really be written ----------------------------------
