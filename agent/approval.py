@@ -31,7 +31,7 @@ from genkit.middleware import (
 from genkit.model import ModelResponse
 from pydantic import BaseModel, ValidationError
 
-from agent.context import as_provenance, call_context
+from agent.context import Index, as_provenance, call_context
 from agent.observer import ExecutionOutcome, Observer
 from agent.policy import Policy, PolicyService
 from agent.questions import asked
@@ -136,6 +136,8 @@ class TurnScope:
     conversation: list[Message] = field(default_factory=list)
     model: ModelCalls = field(default_factory=ModelCalls)
     model_time: ModelTime = field(default_factory=ModelTime)
+    # The conversation's provenance index, built once per model answer (agent/context.py).
+    indexes: dict[tuple[int, int], Index] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,7 @@ def approval_middleware(
     questions: Collection[str],
     new_id: Callable[[], str],
     clock: Callable[[], datetime],
+    checks: Mapping[str, Callable[[Any], str | None]] | None = None,
     outside: Outside = contextlib.nullcontext,
     observer: Observer | None = None,
     timeouts: ToolTimeouts = DEFAULT_TOOL_TIMEOUTS,
@@ -219,13 +222,16 @@ def approval_middleware(
     """Build the middleware class bound to this application's store and policy.
 
     `questions`: the tools that only ask a person (agent/questions.py): they are neither
-    gated nor run, their calls become questions. `outside`: entered around each wait on the
-    model or a tool, so whoever runs the turn (bot/background.py) can give the turn's place
-    to other work meanwhile. `observer`: told how each approved call ended. `model_calls`:
-    entered (inside `outside`) around each model call, to cap the calls in flight (a
-    semaphore): the turns the cap holds back wait without a work slot.
+    gated nor run, their calls become questions. `checks`: per tool, what refuses a call
+    before any card, beyond its schema (a file write's path, agent/files.py). `outside`:
+    entered around each wait on the model or a tool, so whoever runs the turn
+    (bot/background.py) can give the turn's place to other work meanwhile. `observer`:
+    told how each approved call ended. `model_calls`: entered (inside `outside`) around
+    each model call, to cap the calls in flight (a semaphore): the turns the cap holds
+    back wait without a work slot.
     """
     observer = observer or Observer()
+    gates: Mapping[str, Callable[[Any], str | None]] = checks or {}
     model_gate = model_calls or contextlib.nullcontext()
 
     async def run_approved(
@@ -340,19 +346,21 @@ def approval_middleware(
             ref = request.ref if request else None
             policy = await policies.get(scope.team_id, tool)
             if tool in questions:  # it would only interrupt: it asks a person, unrun
-                ask(scope, ref, raw, policy.for_call(raw, scope.requester))
+                await ask(scope, ref, raw, policy.for_call(raw, scope.requester))
                 raise Interrupt({"asks": asked(raw), "why": f"{tool} asks for input"})
             # Policy reads the call as the tool's schema takes it, never the raw arguments.
             args, errors = coerced(params.tool, raw)
-            if errors and not policy.allowed:
+            problem = invalid_problem(tool, errors) if errors else None
+            if problem is None and (check := gates.get(tool)) is not None:
+                problem = check(raw)  # a file write's path, say (agent/files.py)
+            if problem is not None and not policy.allowed:
                 # An approver never sees (and never approves) a call that cannot run.
-                problem = invalid_problem(tool, errors)
                 log.info("invalid input for %s; no approval asked", tool)
                 return MultipartToolResponse(output={"ok": False, "error": problem})
             # What led to the call is traced only when a rule may read it or a human will.
             context = None
             if policy.rules and not policy.allowed:
-                context = call_context(scope.conversation, ref, args)
+                context = await context_of(scope, ref, args)
             sources = context.sources if context else {}
             policy = policy.for_call(args, scope.requester, as_provenance(args, sources))
             if policy.allowed:
@@ -362,21 +370,34 @@ def approval_middleware(
                 except (Interrupt, GenkitError) as exc:
                     if (metadata := asking(exc)) is None:
                         raise
-                    ask(scope, ref, raw, policy)  # the tool asks a person: a question
+                    await ask(scope, ref, raw, policy)  # the tool asks a person: a question
                     why = str(metadata.get("message") or f"{tool} asks for input")
                     raise Interrupt({"asks": asked(raw, metadata), "why": why}) from None
             if ref:
-                context = context or call_context(scope.conversation, ref, args)
+                context = context or await context_of(scope, ref, args)
                 scope.calls[ref] = Called(policy, context, args)
             shown = await preview(tool, args)
             raise Interrupt({"why": policy.why, "preview": shown})
 
-    def ask(scope: TurnScope, ref: str | None, args: Any, policy: Policy) -> None:
+    async def ask(scope: TurnScope, ref: str | None, args: Any, policy: Policy) -> None:
         """Note a question's policy (where it goes, who may answer) and what led to it."""
         if ref:
-            scope.calls[ref] = Called(policy, call_context(scope.conversation, ref, args))
+            scope.calls[ref] = Called(policy, await context_of(scope, ref, args))
 
     return GreenlightApproval
+
+
+async def context_of(scope: TurnScope, ref: str | None, args: Any) -> Context:
+    """What led to a call, traced off the event loop (a long conversation takes a while)
+    against the conversation's index, built once for all the calls of one model answer."""
+    conversation = list(scope.conversation)
+    key = (len(conversation), id(conversation[-1]) if conversation else 0)
+    index = scope.indexes.get(key)
+    if index is None:
+        index = await asyncio.to_thread(Index, conversation)
+        scope.indexes.clear()  # the previous answer's: not needed again
+        scope.indexes[key] = index
+    return await asyncio.to_thread(call_context, conversation, ref, args, index)
 
 
 def asking(exc: BaseException) -> dict[str, Any] | None:

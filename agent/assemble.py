@@ -79,6 +79,7 @@ def build_workflow(
         questions=questions,
         new_id=new_id,
         clock=clock,
+        checks=files.checks(),
         outside=outside,
         observer=observer,
         timeouts=tool_timeouts,

@@ -29,11 +29,13 @@ AUTHOR = "greenlight"  # a human message's metadata key: {"by": "U…", "at": IS
 SAID_MAX = 500  # characters of a human's or the agent's words kept on the request
 SUMMARY_MAX = 300  # characters of a tool call or result in the conversation's summary
 CONVERSATION_MAX = 20  # messages shown of the conversation that led to a call
+TRACE_TEXT_MAX = 2 * 1024 * 1024  # characters of humans' text (and of each result) searched
+TRACE_VALUES_MAX = 500  # argument values traced per call; the rest are left out
 
 # A number as people write it: 12345, 1,500, 1'500.00, 1 500 (a narrow or no-break space).
 _NUMBER = re.compile(r"\d{1,3}(?:[,'\u00a0\u202f]\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?")
 _SEPARATORS = str.maketrans("", "", ",'\u00a0\u202f")
-_SPACE = re.compile(r"\s+")
+_WORD = re.compile(r"\w+")
 
 
 def human_message(text: str, *, by: str, at: datetime, viewing: str | None = None) -> Message:
@@ -51,10 +53,13 @@ def human_message(text: str, *, by: str, at: datetime, viewing: str | None = Non
     )
 
 
-def call_context(conversation: Sequence[Message], ref: str | None, args: Any) -> Context:
+def call_context(
+    conversation: Sequence[Message], ref: str | None, args: Any, index: Index | None = None
+) -> Context:
     """The request behind the call `ref`, the agent's words just before it, and where each
-    argument value came from. An empty conversation (a call made with no model request
-    seen, e.g. a restart) gives an empty context: nothing is claimed."""
+    argument value came from (`index`: the conversation's, if built already). An empty
+    conversation (a call made with no model request seen, e.g. a restart) gives an empty
+    context: nothing is claimed."""
     if not conversation:
         return Context()
     humans = [m for m in conversation if _human(m) and _text(m).strip()]
@@ -62,36 +67,52 @@ def call_context(conversation: Sequence[Message], ref: str | None, args: Any) ->
         first=_said(humans[0]) if humans else None,
         latest=_said(humans[-1]) if len(humans) > 1 else None,
         agent=_words_before(conversation, ref),
-        sources=trace(args, conversation),
+        sources=trace(args, index or Index(conversation)),
     )
 
 
-def trace(args: Any, conversation: Sequence[Message]) -> dict[str, Source]:
+def trace(args: Any, conversation: Sequence[Message] | Index) -> dict[str, Source]:
     """For each string and number in `args` (by path), where it appears first in the
     conversation's trust order: a human's message, else the latest tool result that has
-    it, else nowhere (the model's own)."""
-    human = _Haystack(_text(m) for m in conversation if _human(m))
-    results = [
-        (part.tool_response.name, _Haystack(_strings(part.tool_response.output)))
-        for m in conversation
-        if m.role == "tool"
-        for part in m.content
-        if part.tool_response is not None
-    ]
-    # A file's content, read with read_file, reaches the model as an unsigned user message.
-    results += [
-        ("read_file", _Haystack([_text(m)]))
-        for m in conversation
-        if m.role == "user" and not _human(m) and _text(m).startswith("<read_file")
-    ]
+    it, else nowhere (the model's own). Pass an `Index` to look many calls up in one turn
+    without building it again."""
+    index = conversation if isinstance(conversation, Index) else Index(conversation)
     sources = {}
-    for path, value in leaves(args):
-        if human.has(value):
+    for n, (path, value) in enumerate(leaves(args)):
+        if n >= TRACE_VALUES_MAX:
+            break  # left out: a rule reading it fails safe, the card claims nothing
+        if index.human.has(value):
             sources[path] = Source("human")
             continue
-        tool = next((name for name, found in reversed(results) if found.has(value)), None)
+        found = (name for name, haystack in reversed(index.results) if haystack.has(value))
+        tool = next(found, None)
         sources[path] = Source("tool", tool) if tool is not None else Source("model")
     return sources
+
+
+class Index:
+    """What a turn's conversation says, ready to look argument values up in: built once per
+    conversation (it costs a pass over the text), each look-up then a set probe or a
+    search in text known to hold every word of the value. Each haystack keeps only its
+    last TRACE_TEXT_MAX characters: a value only further back counts as not found, which
+    flags it (the safe side)."""
+
+    def __init__(self, conversation: Sequence[Message]) -> None:
+        self.human = _Haystack(_text(m) for m in conversation if _human(m))
+        results = [
+            (part.tool_response.name, _Haystack(_strings(part.tool_response.output)))
+            for m in conversation
+            if m.role == "tool"
+            for part in m.content
+            if part.tool_response is not None
+        ]
+        # A file's content, read with read_file, reaches the model as an unsigned user message.
+        results += [
+            ("read_file", _Haystack([_text(m)]))
+            for m in conversation
+            if m.role == "user" and not _human(m) and _text(m).startswith("<read_file")
+        ]
+        self.results = results
 
 
 def as_provenance(args: Any, sources: Mapping[str, Source], path: str = "") -> Any:
@@ -138,9 +159,33 @@ class _Haystack:
     """Text to look values up in: case and runs of whitespace ignored, numbers by value."""
 
     def __init__(self, texts: Iterator[str] | Sequence[str]) -> None:
-        texts = list(texts)
-        self.text = " \n ".join(_normal(t) for t in texts)
-        self.numbers = {n for t in texts for n in _numbers(t)}
+        kept, size = [], 0
+        for text in reversed(list(texts)):  # the latest first, up to the cap
+            if size >= TRACE_TEXT_MAX:
+                break
+            kept.append(text[-(TRACE_TEXT_MAX - size) :])
+            size += len(kept[-1])
+        kept.reverse()
+        # Message by message, never one long call over it all: a thread doing this hands
+        # the interpreter back to the event loop between pieces.
+        normal = [_normal(t) for t in kept]
+        self.text = " \n ".join(normal)
+        self.words: set[str] = set()
+        for t in normal:
+            self.words.update(_WORD.findall(t))
+        self._kept = kept
+        self._numbers: set[Decimal] | None = None
+
+    @property
+    def numbers(self) -> set[Decimal]:
+        """The numbers the text has, by value: read once, when a number is first looked up."""
+        if self._numbers is None:
+            raw: set[str] = set()
+            for t in self._kept:
+                raw.update(_NUMBER.findall(t))  # the same number written twice: parsed once
+            parsed = (_decimal(r.translate(_SEPARATORS)) for r in raw)
+            self._numbers = {n for n in parsed if n is not None}
+        return self._numbers
 
     def has(self, value: str | int | float) -> bool:
         if not isinstance(value, str):
@@ -149,21 +194,30 @@ class _Haystack:
         number = _decimal(needle.translate(_SEPARATORS)) if _NUMBER.fullmatch(needle) else None
         if number is not None and number in self.numbers:
             return True
+        if not all(word in self.words for word in _WORD.findall(needle)):
+            return False  # a word of it is nowhere: no need to search
         # As a whole word (or words): "12" is not found in "12345".
-        start = r"(?<!\w)" if needle[:1].isalnum() else ""
-        end = r"(?!\w)" if needle[-1:].isalnum() else ""
-        return re.search(start + re.escape(needle) + end, self.text) is not None
+        text, at = self.text, self.text.find(needle)
+        while at >= 0:
+            before, after = (
+                text[at - 1 : at] if at else "",
+                text[at + len(needle) : at + len(needle) + 1],
+            )
+            if not (needle[:1].isalnum() and _wordy(before)) and not (
+                needle[-1:].isalnum() and _wordy(after)
+            ):
+                return True
+            at = text.find(needle, at + 1)
+        return False
+
+
+def _wordy(char: str) -> bool:
+    """Whether `char` continues a word (as regex `\\w` says)."""
+    return bool(char) and (char.isalnum() or char == "_")
 
 
 def _normal(text: str) -> str:
-    return _SPACE.sub(" ", text.casefold()).strip()
-
-
-def _numbers(text: str) -> Iterator[Decimal]:
-    for match in _NUMBER.finditer(text):
-        number = _decimal(match.group().translate(_SEPARATORS))
-        if number is not None:
-            yield number
+    return " ".join(text.casefold().split())
 
 
 def _decimal(text: str) -> Decimal | None:

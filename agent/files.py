@@ -4,13 +4,15 @@ Artifacts (AGENT_ARTIFACTS).
 Their reads run freely until a policy says otherwise; their writes need approval like any
 tool (Genkit's interrupts guide warns that mounting them without gating the writes lets the
 model change files unseen). Each write's card shows what it will change: a unified diff
-against the file as it is, computed by the write's preview.
+against the file as it is, computed by the write's preview, for the path the middleware will
+really write (resolved by its rules). A path it would normalise is refused before any card.
 """
 
 from __future__ import annotations
 
 import asyncio
 import difflib
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -34,6 +36,8 @@ WRITES = {
 ARTIFACT_READS = {"read_artifact": "Read a named artifact of the conversation."}
 ARTIFACT_WRITES = {"write_artifact": "Create or replace a named artifact of the conversation."}
 MAX_COMPARED = 1024 * 1024  # bytes of a file a preview compares; past it, it says so
+
+Check = Callable[[Any], str | None]  # a call's input -> why it is refused, or None
 
 
 class Files(Filesystem):
@@ -108,15 +112,54 @@ class FileTools:
             found["write_artifact"] = artifact_content
         return found
 
+    def checks(self) -> dict[str, Check]:
+        """What refuses a write before any card: a path the middleware would normalise."""
+        found: dict[str, Check] = {}
+        if self.root is not None:
+            root = self.root
+            found["write_file"] = found["edit_file"] = lambda i: path_problem(root, i)
+        return found
 
-def _inside(root: Path, relative: object) -> Path:
-    """The file `relative` names under `root`; ValueError if it is outside it (as the
-    Filesystem middleware itself refuses)."""
-    base = root.resolve()
-    path = (base / str(relative)).resolve()
-    if path != base and not path.is_relative_to(base):
+
+def resolve(root: Path, relative: object) -> Path:
+    """The file the Filesystem middleware will really use for `relative`: its own rules
+    (surrounding spaces and a leading `/` or `\\` stripped, symlinks followed); ValueError
+    if it is outside the root, as the middleware itself refuses."""
+    base = os.path.realpath(root)
+    rel = str(relative).strip().lstrip("/").lstrip("\\") or "."
+    path = os.path.realpath(os.path.join(base, rel))
+    if path != base and not path.startswith(base + os.sep):
         raise ValueError(f"{relative!r} is outside the files root: the call will fail")
-    return path
+    return Path(path)
+
+
+def path_problem(root: Path, call: Any) -> str | None:
+    """Why a write's `file_path` is refused before any card, said so that the model can
+    correct it; None when the path is plain. A path the middleware would normalise (spaces,
+    a leading slash, `./`, `..`, `//`) is refused rather than shown one way and written
+    another; so is one outside the root, which cannot run."""
+    if not isinstance(call, Mapping) or not isinstance(given := call.get("file_path"), str):
+        return None  # the tool's schema says what is wrong with it
+    plain = os.path.normpath(given.strip().lstrip("/").lstrip("\\"))
+    if plain != given:
+        return (
+            f"file_path {given!r} is not a plain path relative to the files root (it would be "
+            f"written as {plain!r}); it did not run and nobody was asked to approve it. "
+            f"Call the tool again with file_path {plain!r} if that is the file you mean."
+        )
+    try:
+        resolve(root, given)
+    except ValueError:
+        return (
+            f"file_path {given!r} is outside the files root; it did not run and nobody was "
+            "asked to approve it."
+        )
+    return None
+
+
+def _shown(root: Path, path: Path) -> str:
+    """The path as the card names it: relative to the files root."""
+    return os.path.relpath(path, os.path.realpath(root))
 
 
 def _current(path: Path) -> str | None:
@@ -139,9 +182,9 @@ def _diff(name: str, before: str | None, after: str) -> str:
 
 def write_diff(root: Path, call: Mapping[str, Any]) -> str:
     """`write_file`: the new content against the file as it is now (all new if it is not)."""
-    name = str(call.get("file_path", ""))
     try:
-        path = _inside(root, name)
+        path = resolve(root, call.get("file_path", ""))
+        name = _shown(root, path)
         return _diff(name, _current(path), str(call.get("content", "")))
     except ValueError as why:
         return str(why)
@@ -150,9 +193,10 @@ def write_diff(root: Path, call: Mapping[str, Any]) -> str:
 def edit_diff(root: Path, call: Mapping[str, Any]) -> str:
     """`edit_file`: its edits applied to the file as it is now, as the middleware would, or
     why they will fail."""
-    name = str(call.get("file_path", ""))
     try:
-        before = _current(_inside(root, name))
+        path = resolve(root, call.get("file_path", ""))
+        name = _shown(root, path)
+        before = _current(path)
         if before is None:
             return f"{name} does not exist: the edit will fail"
         after = before

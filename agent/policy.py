@@ -3,7 +3,8 @@ how long they wait.
 
 A tool's policy may carry rules (from POLICY_FILE): CEL expressions over the call's `args`,
 `tool` and `requester`, the first that matches adjusting the policy for that call. A rule
-that cannot be evaluated means the call needs approval (fail closed), and says so.
+that cannot be evaluated gives the strictest outcome any of the tool's rules could (the most
+approvals, their route), and says so.
 
 The rules live here; storage keeps the rows and the Slack layer supplies facts about people.
 """
@@ -167,7 +168,8 @@ class Policy:
     def for_call(self, args: Any, requester: str, provenance: Any = None) -> Policy:
         """The policy of one call: the first rule it matches applied (no rule applies to a
         tool an admin allowed outright). A rule that cannot be evaluated stops there: the
-        call needs approval, and `note` says which rule and why. `provenance`: where each
+        call gets the strictest outcome of the tool's rules, and `note` says which rule
+        failed and why. `provenance`: where each
         argument came from (agent/context.py), for rules that ask."""
         if self.allowed or not self.rules:
             return replace(self, rules=())
@@ -186,27 +188,51 @@ class Policy:
             try:
                 hit = rule.matches(call)
             except RuleError as exc:
-                note = f"{rule.label(number)} (`{rule.when}`) could not be evaluated ({exc})"
-                return replace(self, rules=(), note=note, failed=rule)
-            if hit:
-                users, groups = (
-                    split_principals(rule.approvers)
-                    if rule.approvers is not None
-                    else (self.approver_users, self.approver_groups)
+                return self._strictest(
+                    f"{rule.label(number)} (`{rule.when}`) could not be evaluated ({exc})", rule
                 )
-                return replace(
-                    self,
-                    rules=(),
-                    allowed=self.allowed if rule.allow is None else rule.allow,
-                    approvals=rule.approvals or self.approvals,
-                    channel=rule.channel or self.channel,
-                    approver_users=users,
-                    approver_groups=groups,
-                    timeout=rule.timeout or self.timeout,
-                    note=f"{rule.label(number)} matched: `{rule.when}`",
-                    matched=rule,
+            if hit:
+                return self._applied(
+                    rule, note=f"{rule.label(number)} matched: `{rule.when}`", matched=rule
                 )
         return replace(self, rules=())
+
+    def _applied(self, rule: Rule, *, note: str, matched: Rule | None = None) -> Policy:
+        users, groups = (
+            split_principals(rule.approvers)
+            if rule.approvers is not None
+            else (self.approver_users, self.approver_groups)
+        )
+        return replace(
+            self,
+            rules=(),
+            allowed=self.allowed if rule.allow is None else rule.allow,
+            approvals=rule.approvals or self.approvals,
+            channel=rule.channel or self.channel,
+            approver_users=users,
+            approver_groups=groups,
+            timeout=rule.timeout or self.timeout,
+            note=note,
+            matched=matched,
+        )
+
+    def _strictest(self, failed: str, rule: Rule) -> Policy:
+        """A call a rule could not judge gets the strictest outcome any rule could give: the
+        most approvals, with that rule's route, and never runs freely. A wrong type or a
+        missing field must not be a way to fewer approvers (fail safe, not merely closed)."""
+        most = max(self.rules, key=lambda r: r.approvals or self.approvals)
+        if (most.approvals or self.approvals) <= self.approvals:
+            return replace(
+                self, rules=(), allowed=False, note=f"{failed}; it needs approval", failed=rule
+            )
+        strict = replace(most, allow=False, timeout=None)
+        number = self.rules.index(most) + 1
+        return replace(
+            self._applied(strict, note=""),
+            note=f"{failed}; the strictest rule applies ({most.label(number)}: "
+            f"{strict.approvals or self.approvals} approvals)",
+            failed=rule,
+        )
 
 
 @dataclass(frozen=True)

@@ -379,7 +379,7 @@ class Workflow:
         scope = TurnScope(
             team_id=thread.team_id,
             requester=asked.requester,
-            participants=asked.participants,
+            participants=shaped_by(asked.participants, claim.approvals),
             approvals={a.id: a for a in claim.approvals},
         )
         resume = asyncio.current_task()
@@ -1213,6 +1213,19 @@ def resume_parts(
             case unreachable:
                 assert_never(unreachable)
     return respond, restart
+
+
+def shaped_by(participants: tuple[str, ...], approvals: Sequence[Approval]) -> tuple[str, ...]:
+    """The turn's participants once it resumes: whoever answered one of its questions, or
+    denied with a reason the model is sent, put words before the model too, so they may
+    not approve what it asks next."""
+    more = [
+        a.decision.by
+        for a in approvals
+        if isinstance(a.decision, Answered)
+        or (isinstance(a.decision, Denied) and a.decision.reason)
+    ]
+    return tuple(dict.fromkeys([*participants, *more]))
 
 
 @contextlib.contextmanager

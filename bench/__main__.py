@@ -1,11 +1,13 @@
 """`python -m bench`: every benchmark, one combined summary, bench/results.json.
 
-    python -m bench [--only store|bot|policy|recovery] [--quick] [--database-url URL]
+    python -m bench [--only store|bot|policy|provenance|recovery] [--quick] [--database-url URL]
 
 - store: bench/session_store.py (bytes and time per save as a conversation grows);
 - bot: bench/bot.py (latency, throughput, acks under a burst, contention; against a bare
   Bolt + Genkit baseline);
 - policy: bench/policy.py (the cost of 20 CEL rules per tool call);
+- provenance: bench/provenance.py (tracing 300 argument values through 1 MB of human text,
+  and a Slack acknowledgement meanwhile);
 - recovery: bench/recovery.py (seconds from a replacement process being up to the turn a
   killed or stopped bot left being completed).
 
@@ -54,6 +56,17 @@ def summary(results: dict[str, Any]) -> str:
             f"  target {'evaluation_20_rules_lt_0.2ms':<45}{verdict:>12}  "
             f"({_fmt(policy['ms_per_call'])} ms vs {policy['target_ms']})"
         )
+    prov = results.get("provenance")
+    if isinstance(prov, dict):
+        lines.append("provenance (1 MB of human text, 300 values)")
+        for name, key, limit in (
+            ("trace_lt_20ms", "trace_ms", "trace_target_ms"),
+            ("ack_during_trace_lt_100ms", "slowest_ack_ms", "ack_target_ms"),
+        ):
+            verdict = "met" if prov[key] < prov[limit] else "MISSED"
+            lines.append(
+                f"  target {name:<45}{verdict:>12}  ({_fmt(prov[key])} ms vs {prov[limit]})"
+            )
     bot = results.get("bot")
     if isinstance(bot, dict):
         lines.append("bot")
@@ -91,6 +104,11 @@ async def run(only: str | None, quick: bool, database_url: str | None) -> dict[s
 
         print("== policy ==", file=sys.stderr, flush=True)
         results["policy"] = policy.run()
+    if only in (None, "provenance"):
+        from bench import provenance
+
+        print("== provenance ==", file=sys.stderr, flush=True)
+        results["provenance"] = await asyncio.to_thread(provenance.run)
     if only in (None, "bot"):
         from bench import bot
 
@@ -109,7 +127,7 @@ async def run(only: str | None, quick: bool, database_url: str | None) -> dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("store", "bot", "policy", "recovery"))
+    parser.add_argument("--only", choices=("store", "bot", "policy", "provenance", "recovery"))
     parser.add_argument("--quick", action="store_true", help="fewer rounds (bot benchmark)")
     parser.add_argument("--database-url", help="an existing PostgreSQL database to use")
     args = parser.parse_args()

@@ -152,3 +152,18 @@ def test_the_readmes_example_is_a_policy_file_that_loads_and_holds_injected_valu
     assert transfer.for_call(small, "U1", {"amount": "human", "toAccount": "human"}).allowed
     injected = transfer.for_call(small, "U1", {"amount": "human", "toAccount": "tool"})
     assert not injected.allowed and injected.approvals == 2
+
+
+def test_a_rule_that_cannot_be_evaluated_gives_the_strictest_rules_outcome() -> None:
+    strict = replace(
+        POLICY,
+        rules=(
+            Rule("args.amount <= 100", allow=True),
+            Rule("args.amount >= 100000", approvals=3, channel="C0LEADS", approvers=("UCFO",)),
+        ),
+    )
+    failed = strict.for_call({"amount": "250000"}, "UASK")  # a string: no `<=` with an int
+    assert not failed.allowed and failed.approvals == 3 and failed.channel == "C0LEADS"
+    assert failed.approver_users == ("UCFO",)
+    assert failed.note is not None and failed.note.startswith("rule 1 (`args.amount <= 100`)")
+    assert "the strictest rule applies (rule 2: 3 approvals)" in failed.note
