@@ -136,10 +136,10 @@ def test_an_allowed_tool_skips_its_rules() -> None:
     assert allowed.allowed and allowed.note is None
 
 
-def test_the_readmes_example_is_a_policy_file_that_loads_and_holds_injected_values(
+def test_the_docs_example_is_a_policy_file_that_loads_and_holds_injected_values(
     tmp_path: Path,
 ) -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "policy.md").read_text()
     match = re.search(r"```yaml\n(# policy\.yml.*?)```", readme, re.S)
     assert match is not None
     path = write(tmp_path, match.group(1))
