@@ -69,7 +69,7 @@ async def test_an_approval_flow_shows_in_the_metrics(
     before = await scrape(client)
     # A known tool; the gauge counts the whole database, which other tests on this worker
     # share (they may leave a request of theirs pending), so it is read as a difference.
-    waiting = before.value(pending, tool="issueRefund")
+    waiting = before.value(pending, tool="issueRefund") or 0
 
     gemini.script(function_call("issueRefund", {"order": "A-1"}, id="call-1"))
     ts = new_ts()
