@@ -37,7 +37,8 @@ from agent.policy import Policy, PolicyService
 from agent.questions import asked
 from agent.runtime import Preview
 from storage.approval_store import ApprovalStore
-from storage.lifecycle import Approval, Approved, Context, Finished, IllegalTransition, Started
+from storage.domain import Approval, Approved, Context, Finished, Started
+from storage.lifecycle import IllegalTransition
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from agent.context import as_provenance
 from agent.policy_file import PolicyFile, compiled
-from storage.lifecycle import Request
+from storage.domain import Refusal, Request
 from storage.policies import PolicyStore, StoredPolicy
 
 if TYPE_CHECKING:
@@ -252,9 +252,6 @@ class ApproverFacts:
     public_escalation_channel: bool = False
     # A guest, or a person of another organisation (Slack Connect): never an approver.
     outsider: bool = False
-
-
-Refusal = Literal["self_approval", "participant", "outsider", "not_an_approver", "public_channel"]
 
 
 def refusal(

@@ -15,7 +15,7 @@ import jsonschema
 from genkit import Genkit, Tool
 from pydantic import BaseModel, Field
 
-from storage.lifecycle import Answered, Approval, Asked, Expired
+from storage.domain import Answered, Approval, Asked, Expired
 
 ASK_HUMAN = "askHuman"
 ASK_HUMAN_PROMPT = (

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, assert_never
+from typing import Any, Concatenate, ParamSpec, TypeVar, assert_never
 
 from genkit import Part
 from genkit.exp import (
@@ -42,44 +42,32 @@ from agent.approval import (
 )
 from agent.context import Line, as_provenance, conversation_lines, human_message
 from agent.observer import DecisionOutcome, Observer, TurnOutcomeName
-from agent.policy import ApproverFacts, Policy, PolicyService, Refusal, refusal
+from agent.policy import ApproverFacts, Policy, PolicyService, refusal
 from agent.questions import answer_form, answered, form_errors
 from agent.runtime import AgentRuntime
 from storage.approval_store import ApprovalStore
-
-# The approval values the transport renders: the lifecycle's own, re-exported so that the
-# transport depends on agent/ only.
-from storage.lifecycle import (
-    ESCALATE,
-    REMIND,
-    Answered as Answered,
-    Approval as Approval,
-    Approved as Approved,
-    AuditEntry as AuditEntry,
-    Card as Card,
-    CardState as CardState,
+from storage.domain import (
+    Answered,
+    Approval,
+    Approved,
+    AuditEntry,
+    Card,
     Claim,
-    Context as Context,
-    Denied as Denied,
-    Edit as Edit,
+    Context,
+    Denied,
+    Edit,
     EscalationState,
-    Expired as Expired,
-    Finished as Finished,
+    Expired,
     FollowUp,
-    History as History,
-    IllegalTransition,
-    NotStarted as NotStarted,
+    NotStarted,
     PausedTurn,
+    RefusalReason,
     ReminderState,
-    Request as Request,
-    Requirement,
-    Said as Said,
-    Source as Source,
-    Started as Started,
-    Thread as Thread,
-    Transition,
-    Vote as Vote,
+    Request,
+    Started,
+    Thread,
 )
+from storage.lifecycle import ESCALATE, REMIND, IllegalTransition, Requirement, Transition
 from storage.policies import StoredPolicy
 from storage.retention import Purged, Retention
 from storage.session_store import current_team
@@ -166,16 +154,6 @@ class Resumed:
 
     outcome: TurnOutcome
     settled: tuple[Approval, ...]
-
-
-RefusalReason = (
-    Refusal
-    | Literal["not_found", "already_decided", "already_voted"]
-    # The approver saw another version than the current one.
-    | Literal["changed"]
-    # A question answers no Approve or Deny; only the requester answers what asks them.
-    | Literal["a_question", "not_a_question", "not_the_requester"]
-)
 
 
 class InvalidAnswer(ValueError):

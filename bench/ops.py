@@ -47,11 +47,11 @@ from genkit_middleware import ToolApproval
 from agent.assemble import build_workflow, utc_now
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import Approval, AwaitingApproval, Card, Request, Thread
+from agent.workflow import AwaitingApproval
 from bench.database import temporary_database
 from storage import approval_store
 from storage.db import SessionFactory, autocommit, make_engine, make_session_factory
-from storage.lifecycle import PausedTurn
+from storage.domain import Approval, Card, PausedTurn, Request, Thread
 from storage.session_store import SqlSessionStore
 from tests.fakes import scripted_model as sm
 

@@ -31,10 +31,11 @@ from sqlalchemy import text
 from agent.assemble import build_workflow, utc_now
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import AwaitingApproval, Resumed, Thread
+from agent.workflow import AwaitingApproval, Resumed
 from bench.database import temporary_database
 from bench.ops import scripted
 from storage.db import SessionFactory, make_engine, make_session_factory
+from storage.domain import Thread
 from storage.retention import Purged, Retention
 
 RESULTS = Path(__file__).parent / "results-retention.json"

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from agent.context import Line
-from agent.workflow import (
+from storage.domain import (
     Answered,
     Approval,
     Approved,

@@ -18,7 +18,6 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.workflow import (
     AnsweredInThread,
-    Approval,
     AwaitingApproval,
     Busy,
     Due,
@@ -27,12 +26,12 @@ from agent.workflow import (
     Reply,
     Resumed,
     SweepReport,
-    Thread,
     TurnOutcome,
     Workflow,
 )
 from bot import blocks
 from bot.streaming import ReplyStream, Streams
+from storage.domain import Approval, Thread
 
 log = logging.getLogger(__name__)
 

@@ -15,17 +15,11 @@ from genkit.model import Message, ModelRequest, ModelResponse
 from agent.assemble import build_workflow, utc_now
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import (
-    AnsweredInThread,
-    AwaitingApproval,
-    Reply,
-    Thread,
-    TurnOutcome,
-    Workflow,
-)
+from agent.workflow import AnsweredInThread, AwaitingApproval, Reply, TurnOutcome, Workflow
 from bot import blocks
 from storage import embedded
 from storage.db import make_engine, make_session_factory
+from storage.domain import Thread
 from storage.migrate import upgrade
 
 TEAM, EMPLOYEE, APPROVER, CHANNEL = "TDEMO", "UEMPLOYEE", "UAPPROVER", "CAPPROVALS"

@@ -20,10 +20,11 @@ from typing import Any
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import Approval, Thread, Workflow
+from agent.workflow import Workflow
 from bot import blocks
 from bot.background import Background
 from bot.people import People
+from storage.domain import Approval, Thread
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,7 @@ from agent.observer import Observer
 from agent.policy_file import PROMPT_PREFIX as PROMPT_PREFIX
 from agent.workflow import HISTORY_DAYS, Workflow
 from storage.approval_store import ApprovalStore
-from storage.gateway_store import GATEWAY_CHANNEL, Exists, GatewayStore
-from storage.lifecycle import (
+from storage.domain import (
     Approval,
     Approved,
     Card,
@@ -49,7 +48,6 @@ from storage.lifecycle import (
     Expired,
     Finished,
     FollowUp,
-    IllegalTransition,
     ReminderState,
     Request,
     Said,
@@ -57,6 +55,8 @@ from storage.lifecycle import (
     Thread,
     Via,
 )
+from storage.gateway_store import GATEWAY_CHANNEL, Exists, GatewayStore
+from storage.lifecycle import IllegalTransition
 
 log = logging.getLogger(__name__)
 

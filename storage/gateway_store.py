@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 
 from storage.approval_store import CONTEXT, pause_params, paused_turn
 from storage.db import SessionFactory, autocommit
-from storage.lifecycle import Approval, ApprovalState, PausedTurn, TurnState
+from storage.domain import Approval, ApprovalState, PausedTurn, TurnState
 from storage.models import ApprovalRow, ConversationRow
 
 A = cast(sa.Table, ApprovalRow.__table__)

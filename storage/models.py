@@ -15,7 +15,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-from storage.lifecycle import (
+from storage.domain import (
     ApprovalState,
     CardState,
     EscalationState,

@@ -19,10 +19,11 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.policy import ApproverFacts, Policy
-from agent.workflow import Approval, Decided, DecisionRefused
+from agent.workflow import Decided, DecisionRefused
 from bot import blocks, forms
 from bot.deps import Deps
 from bot.listeners.fields import obj, slack_id
+from storage.domain import Approval
 
 APPROVAL_ID = re.compile(r"^[0-9a-f-]{8,64}$")
 # A decision button names the version of the request its view showed: `<id>~<version>`.

@@ -23,10 +23,11 @@ from slack_sdk.web.async_client import AsyncWebClient
 from agent.keys import ApiKey, BadName, NameTaken
 from agent.policy import Policy, Rule, UnknownTool, split_principals
 from agent.policy_cases import Outcome, decide
-from agent.workflow import CardState, Workflow
+from agent.workflow import Workflow
 from bot.blocks import escape
 from bot.deps import Deps
 from bot.listeners.fields import slack_id
+from storage.domain import CardState
 
 HELP = """*`/approvals`* — who approves what the agent does
 • `list` — every tool: allowed or needs approval, channel, approvers, timeout

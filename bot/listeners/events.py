@@ -11,12 +11,13 @@ from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import AnsweredInThread, Thread
+from agent.workflow import AnsweredInThread
 from bot import blocks
 from bot.assistant import is_assistant_thread, title_of
 from bot.deps import Deps
 from bot.listeners.actions import settled
 from bot.listeners.fields import message_ts, obj, slack_id
+from storage.domain import Thread
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,9 @@ from genkit.model import ModelRequest, ModelResponse
 from agent.assemble import build_workflow
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import LEASE, AwaitingApproval, Thread
+from agent.workflow import LEASE, AwaitingApproval
 from storage.db import make_engine, make_session_factory
+from storage.domain import Thread
 from tests.fakes.scripted_model import ScriptedModel, calls, text, tool_responses
 
 PHASES = ("decided", "started", "finished", "turn")

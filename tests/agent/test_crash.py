@@ -27,19 +27,9 @@ from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.observer import Observer
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import (
-    Approved,
-    AwaitingApproval,
-    Busy,
-    Finished,
-    Reply,
-    Resumed,
-    Started,
-    SweepReport,
-    Thread,
-    Workflow,
-)
+from agent.workflow import AwaitingApproval, Busy, Reply, Resumed, SweepReport, Workflow
 from storage.db import SessionFactory
+from storage.domain import Approved, Finished, Started, Thread
 from tests import ledger_tools
 from tests.agent import crash_worker
 from tests.agent.conftest import IN_CHANNEL, Clock, Recorder, gemini_workflow

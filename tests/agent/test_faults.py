@@ -14,8 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from agent.assemble import build_workflow
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import Failed, Reply, Thread, Workflow
+from agent.workflow import Failed, Reply, Workflow
 from storage.db import make_engine, make_session_factory
+from storage.domain import Thread
 from storage.models import ApprovalRow, ConversationRow, MessageRow, SnapshotRow
 from tests.agent.conftest import gemini_workflow
 from tests.conftest import pg_test_url

@@ -11,8 +11,9 @@ import pytest
 from agent.assemble import build_workflow, new_uuid
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import AwaitingApproval, Busy, Reply, Thread, Workflow
+from agent.workflow import AwaitingApproval, Busy, Reply, Workflow
 from storage.db import SessionFactory
+from storage.domain import Thread
 from tests.agent.conftest import IN_CHANNEL, Clock, Recorder
 from tests.agent.test_workflow import TRANSFER, answer_with_tool_results
 from tests.fakes.scripted_model import ScriptedModel, calls

@@ -23,18 +23,9 @@ from agent.approval import UNKNOWN_OUTCOME, ToolTimeouts, cut_off
 from agent.assemble import build_workflow
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import (
-    Approved,
-    AwaitingApproval,
-    Finished,
-    Reply,
-    Resumed,
-    Started,
-    Thread,
-    Workflow,
-)
+from agent.workflow import AwaitingApproval, Reply, Resumed, Workflow
 from storage.db import make_engine, make_session_factory
-from storage.lifecycle import TurnState
+from storage.domain import Approved, Finished, Started, Thread, TurnState
 from storage.models import TurnRow
 from tests import ledger_tools
 from tests.agent.conftest import IN_CHANNEL

@@ -10,18 +10,8 @@ from genkit.model import ModelRequest, ModelResponse
 
 from agent import approval
 from agent.policy import ApproverFacts
-from agent.workflow import (
-    Approved,
-    AwaitingApproval,
-    Busy,
-    Card,
-    CardState,
-    DecisionRefused,
-    Expired,
-    Finished,
-    Reply,
-)
-from storage.lifecycle import ApprovalState
+from agent.workflow import AwaitingApproval, Busy, DecisionRefused, Reply
+from storage.domain import ApprovalState, Approved, Card, CardState, Expired, Finished
 from tests.agent.conftest import IN_CHANNEL, Harness
 from tests.conftest import poll
 from tests.fakes.scripted_model import calls, text, tool_responses

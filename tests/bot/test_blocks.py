@@ -15,10 +15,11 @@ from slack_sdk.models.blocks import Block
 from slack_sdk.models.views import View
 
 from agent.context import Line
-from agent.workflow import (
+from agent.workflow import Busy
+from bot import blocks
+from storage.domain import (
     Approval,
     Approved,
-    Busy,
     Card,
     Context,
     Denied,
@@ -32,7 +33,6 @@ from agent.workflow import (
     Started,
     Thread,
 )
-from bot import blocks
 
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
 NASTY = "<!channel> <!here> <@U999> <!subteam^S1> & <https://evil.example|click>"

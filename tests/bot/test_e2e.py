@@ -20,10 +20,10 @@ import pytest
 from multidict import CIMultiDict
 from sqlalchemy import func, select
 
-from agent.workflow import Approved
 from bot.server import Service
 from bot.settings import ConfigError
 from storage.db import SessionFactory
+from storage.domain import Approved
 from storage.models import ConversationRow, SeenEventRow
 from tests import ledger_tools
 from tests.bot.conftest import (

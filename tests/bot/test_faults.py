@@ -29,12 +29,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 from sqlalchemy import func, select
 
-from agent.workflow import Denied
 from bot.background import WIND_DOWN
 from bot.listeners.commands import CHANGING
 from bot.server import Service
 from storage.db import SessionFactory, make_engine, make_session_factory
-from storage.lifecycle import ApprovalState, ExecutionState, TurnState
+from storage.domain import ApprovalState, Denied, ExecutionState, TurnState
 from storage.models import (
     ApprovalRow,
     AuditRow,

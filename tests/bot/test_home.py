@@ -8,10 +8,10 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from agent.workflow import Approved, Vote
 from bot import home
 from bot.listeners.commands import policy_summary
 from bot.server import Service
+from storage.domain import Approved, Vote
 from tests import ledger_tools
 from tests.bot.conftest import ADMIN, APPROVERS, DM, SlackClient, in_channel, new_ts, settle
 from tests.bot.test_e2e import BOSS, REQUESTER, ask, reply_in_thread

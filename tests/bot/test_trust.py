@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from agent.workflow import CardState, Denied, Expired, Reply
+from agent.workflow import Reply
 from bot.clicks import CLICKS
 from bot.server import Service
 from bot.settings import ConfigError
 from storage.db import SessionFactory
+from storage.domain import CardState, Denied, Expired
 from storage.models import ApprovalRow
 from tests import ledger_tools
 from tests.bot.conftest import (

@@ -18,6 +18,26 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from storage import transitions
 from storage.approval_store import ApprovalStore
 from storage.db import SessionFactory, make_session_factory
+from storage.domain import (
+    Answered,
+    Approval,
+    ApprovalState,
+    Approved,
+    Card,
+    CardState,
+    Claim,
+    Context,
+    Denied,
+    Edit,
+    ExecutionState,
+    History,
+    PausedTurn,
+    Request,
+    Said,
+    Source,
+    Thread,
+    TurnState,
+)
 from storage.lifecycle import (
     ANSWER,
     APPROVE,
@@ -36,29 +56,11 @@ from storage.lifecycle import (
     RETRY_CARD,
     START_EXECUTION,
     STATES,
-    Answered,
-    Approval,
-    ApprovalState,
-    Approved,
-    Card,
-    CardState,
-    Claim,
-    Context,
-    Denied,
-    Edit,
-    ExecutionState,
-    History,
     IllegalTransition,
-    PausedTurn,
-    Request,
     Requirement,
-    Said,
-    Source,
     State,
     Subject,
-    Thread,
     Transition,
-    TurnState,
 )
 from storage.models import ApprovalRow, AuditRow, ConversationRow, TurnRow
 
