@@ -257,7 +257,7 @@ def approval_middleware(
             )
             raise Interrupt({"why": f"{tool} needs approval (the approval given was not valid)"})
         try:
-            await store.start_execution(approval, now=clock())
+            await store.executions.start_execution(approval, now=clock())
         except IllegalTransition as refused:
             return MultipartToolResponse(output=answer_from_record(refused, tool))
         seconds = timeouts.of(tool)
@@ -295,7 +295,7 @@ def approval_middleware(
                 )
                 output = {"ok": False, "error": f"the tool {tool} failed; it may need a retry"}
             result = MultipartToolResponse(output=output)
-        await store.finish_execution(approval, output=output, now=clock())
+        await store.executions.finish_execution(approval, output=output, now=clock())
         observer.executed(tool, execution_outcome(output))
         return result
 
@@ -500,7 +500,7 @@ async def run_edited(
     version = approval.current
     assert version.edit is not None
     try:
-        await store.start_execution(approval, now=clock())
+        await store.executions.start_execution(approval, now=clock())
     except IllegalTransition:
         return  # started before (a crash, or another replica): the record answers it
     r = approval.request
@@ -528,7 +528,7 @@ async def run_edited(
             return
         log.exception("approved tool %s failed with changes (approval %s)", r.tool, approval.id)
         output = {"ok": False, "error": f"the tool {r.tool} failed; it may need a retry"}
-    await store.finish_execution(approval, output=output, now=clock())
+    await store.executions.finish_execution(approval, output=output, now=clock())
     observer.executed(r.tool, execution_outcome(output))
 
 

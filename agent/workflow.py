@@ -280,7 +280,7 @@ class Workflow:
 
     async def accept_event(self, event_id: str) -> bool:
         """Whether this is the first delivery of a Slack event (retries run nothing twice)."""
-        return await self._store.accept_event(event_id, now=self._clock())
+        return await self._store.turns.accept_event(event_id, now=self._clock())
 
     @_observed
     async def start_turn(
@@ -296,7 +296,7 @@ class Workflow:
         `viewing`: the channel the employee has open beside the thread, if Slack said."""
         now = self._clock()
         try:
-            held = await self._store.hold_thread(
+            held = await self._store.turns.hold_thread(
                 thread,
                 author=requester,
                 new_id=self._new_id(),
@@ -322,11 +322,11 @@ class Workflow:
             )
             if out.finish_reason == AgentFinishReason.INTERRUPTED:
                 turn, approvals = await self._paused(held.conversation_id, thread, scope, out)
-                await self._store.pause(turn, approvals)
+                await self._store.turns.pause(turn, approvals)
                 return AwaitingApproval(thread, approvals)
         except asyncio.CancelledError:  # a clean shutdown cut it off: free the thread now
             heartbeat.cancel()
-            await self._store.release_thread(held.conversation_id, snapshot_id=None)
+            await self._store.turns.release_thread(held.conversation_id, snapshot_id=None)
             raise
         except Exception:
             # The model, a tool, or the database while pausing: the thread continues from
@@ -348,7 +348,7 @@ class Workflow:
         """Resume a fully decided turn, once. None when it is not ready or someone else has it."""
         now = self._clock()
         try:
-            claim = await self._store.claim(turn_id, now=now, lease_until=now + self._lease)
+            claim = await self._store.turns.claim(turn_id, now=now, lease_until=now + self._lease)
         except IllegalTransition as refused:
             log.debug("turn %s not resumed here: %s", turn_id, refused, extra={"turn_id": turn_id})
             return None
@@ -397,13 +397,13 @@ class Workflow:
             heartbeat.cancel()
         try:
             if out.finish_reason != AgentFinishReason.INTERRUPTED:
-                settled = await self._store.complete(
+                settled = await self._store.turns.complete(
                     claim, now=self._clock(), snapshot_id=out.snapshot_id
                 )
                 return Resumed(Reply(thread, out.text), settled)
             # Chained interrupts: this turn is done and the next waits, in one transaction.
             turn, approvals = await self._paused(claim.conversation_id, thread, scope, out)
-            settled = await self._store.complete_and_pause(
+            settled = await self._store.turns.complete_and_pause(
                 claim, now=self._clock(), turn=turn, approvals=approvals
             )
             return Resumed(AwaitingApproval(thread, approvals), settled)
@@ -425,7 +425,7 @@ class Workflow:
         `facts` may be a callback: the transport then looks people up only for a request
         that exists and is pending, knowing its tool's policy.
         """
-        found = await self._store.decidable(team_id, approval_id)
+        found = await self._store.decisions.decidable(team_id, approval_id)
         if found is None:
             raise DecisionRefused("not_found")
         approval = await self._expire_if_overdue(found[0])
@@ -441,7 +441,7 @@ class Workflow:
     ) -> Approval:
         """The question, if `person` may answer it now; else DecisionRefused saying why. A
         question to the requester is theirs alone; one to the approvers, any approver's."""
-        found = await self._store.decidable(team_id, approval_id)
+        found = await self._store.decisions.decidable(team_id, approval_id)
         if found is None:
             raise DecisionRefused("not_found")
         approval = await self._expire_if_overdue(found[0])
@@ -484,7 +484,7 @@ class Workflow:
         elif not isinstance(answer, str) or not answer.strip():
             raise InvalidAnswer({"answer": "an answer is needed"})
         try:
-            done, others_pending = await self._store.answer(
+            done, others_pending = await self._store.decisions.answer(
                 approval, Answered(person, self._clock(), answer)
             )
         except IllegalTransition as refused:  # answered first by someone, or time ran out
@@ -498,19 +498,19 @@ class Workflow:
     ) -> tuple[Approval, list[Line]]:
         """The conversation that led to a request, as the agent had it when the turn paused,
         for someone who may decide it (before or after it was decided); audited."""
-        found = await self._store.decidable(team_id, approval_id)
+        found = await self._store.decisions.decidable(team_id, approval_id)
         if found is None:
             raise DecisionRefused("not_found")
         approval = found[0]
         await self._check_eligible(approval, found[1], viewer, facts)
         messages = []
-        if snapshot_id := await self._store.paused_snapshot(approval):
+        if snapshot_id := await self._store.reads.paused_snapshot(approval):
             snapshot = await self._runtime.sessions.get_snapshot(
                 snapshot_id=snapshot_id, context={"team_id": team_id}
             )
             if snapshot is not None and snapshot.state is not None:
                 messages = snapshot.state.messages or []
-        await self._store.note_viewed(approval, by=viewer, now=self._clock())
+        await self._store.reads.note_viewed(approval, by=viewer, now=self._clock())
         return approval, conversation_lines(messages)
 
     async def _check_eligible(
@@ -573,7 +573,7 @@ class Workflow:
         if seen is not None and seen != approval.version:
             raise DecisionRefused("changed", approval)
         try:
-            decided, others_pending = await self._store.decide(
+            decided, others_pending = await self._store.decisions.decide(
                 approval, decision, edited=edit, seen=seen
             )
         except IllegalTransition as refused:
@@ -634,7 +634,7 @@ class Workflow:
         edit = Edit(new, approver, self._clock(), preview)
         if r.approvals_needed > 1:
             try:
-                done = await self._store.edit(approval, edit, seen=approval.version)
+                done = await self._store.decisions.edit(approval, edit, seen=approval.version)
             except IllegalTransition as refused:
                 raise await self._refused(refused, approval) from None
             return Decided(done, turn_ready=False)
@@ -684,7 +684,7 @@ class Workflow:
         if approval.decision is not None or approval.request.expires_at > self._clock():
             return approval
         try:
-            expired = await self._store.expire(approval, now=self._clock())
+            expired = await self._store.decisions.expire(approval, now=self._clock())
         except IllegalTransition as refused:
             return refused.current or approval
         self._settled(expired)
@@ -703,18 +703,22 @@ class Workflow:
         """
         now = self._clock()
         expired = []
-        for approval in await self._store.overdue(now=now, team_id=team_id):
+        for approval in await self._store.follow_ups.overdue(now=now, team_id=team_id):
             with contextlib.suppress(IllegalTransition):  # decided meanwhile, or by a replica
-                expired.append(await self._store.expire(approval, now=now))
+                expired.append(await self._store.decisions.expire(approval, now=now))
                 self._settled(expired[-1])
         # Cards a process died posting (a live one posts within moments).
         uncarded = []
-        for approval in await self._store.stale_cards(stale=now - CARD_GRACE, team_id=team_id):
+        for approval in await self._store.follow_ups.stale_cards(
+            stale=now - CARD_GRACE, team_id=team_id
+        ):
             with contextlib.suppress(IllegalTransition):  # another sweep took it
                 uncarded.append(
-                    await self._store.retry_card(approval, now=now, stale=now - CARD_GRACE)
+                    await self._store.follow_ups.retry_card(
+                        approval, now=now, stale=now - CARD_GRACE
+                    )
                 )
-        turn_ids = await self._store.recoverable(now=now, team_id=team_id)
+        turn_ids = await self._store.turns.recoverable(now=now, team_id=team_id)
         resumed = [r for t in turn_ids if (r := await self.continue_turn(t, on_text)) is not None]
         purged = Purged()
         if team_id is None:
@@ -727,9 +731,9 @@ class Workflow:
         now = self._clock()
         done: dict[Transition, list[Due]] = {REMIND: [], ESCALATE: []}
         for transition, owed in done.items():
-            for approval in await self._store.due(transition, now=now, team_id=team_id):
+            for approval in await self._store.follow_ups.due(transition, now=now, team_id=team_id):
                 try:
-                    taken = await self._store.follow_up(transition, approval, now=now)
+                    taken = await self._store.follow_ups.follow_up(transition, approval, now=now)
                 except IllegalTransition:  # another replica did it, or it was decided
                     continue
                 r = taken.request
@@ -738,19 +742,19 @@ class Workflow:
         return FollowUps(tuple(done[REMIND]), tuple(done[ESCALATE]))
 
     async def escalation_posted(self, approval: Approval, *, ts: str) -> None:
-        await self._store.escalation_posted(approval, ts=ts)
+        await self._store.follow_ups.escalation_posted(approval, ts=ts)
 
     async def knows(self, thread: Thread) -> bool:
         """Whether this thread already is a conversation (so replies in it continue it)."""
-        return await self._store.knows(thread)
+        return await self._store.turns.knows(thread)
 
     async def approval(self, team_id: str, approval_id: str) -> Approval | None:
-        return await self._store.get(team_id, approval_id)
+        return await self._store.reads.get(team_id, approval_id)
 
     async def pending(
         self, team_id: str, *, limit: int = 20, offset: int = 0
     ) -> tuple[Approval, ...]:
-        return await self._store.pending(team_id, limit=limit, offset=offset)
+        return await self._store.reads.pending(team_id, limit=limit, offset=offset)
 
     async def inbox(
         self, team_id: str, person: str, facts: Facts, *, scan: int
@@ -760,7 +764,7 @@ class Workflow:
         and allowed by the trust rules with `facts` (the click checks again)."""
         policies = {p.tool: p for p in await self._policies.all(team_id)}
         now, mine = self._clock(), []
-        for approval in await self._store.inbox(team_id, person, limit=scan):
+        for approval in await self._store.reads.inbox(team_id, person, limit=scan):
             r = approval.request
             if r.asks == "requester" or r.expires_at <= now:
                 continue
@@ -778,16 +782,16 @@ class Workflow:
 
     async def requested_by(self, team_id: str, person: str, *, limit: int) -> tuple[Approval, ...]:
         """`person`'s requests still waiting, or decided with their turn still going."""
-        return await self._store.requested_by(team_id, person, limit=limit)
+        return await self._store.reads.requested_by(team_id, person, limit=limit)
 
     async def pending_by_tool(self) -> dict[str, int]:
         """Requests waiting for a decision, by tool, in every workspace (for metrics)."""
-        return await self._store.pending_by_tool()
+        return await self._store.reads.pending_by_tool()
 
     async def card_posted(self, approval: Approval, *, ts: str) -> Approval | None:
         """The card is out, at `ts`; None when its outbox had already moved on."""
         try:
-            return await self._store.card_posted(approval, ts=ts)
+            return await self._store.follow_ups.card_posted(approval, ts=ts)
         except IllegalTransition as refused:
             log.warning(
                 "card of approval %s posted, but: %s",
@@ -800,7 +804,7 @@ class Workflow:
     async def card_failed(self, approval: Approval) -> Approval | None:
         """Slack refused the card for good (the transport tells the requester)."""
         try:
-            return await self._store.card_failed(approval, now=self._clock())
+            return await self._store.follow_ups.card_failed(approval, now=self._clock())
         except IllegalTransition as refused:
             log.warning(
                 "card of approval %s failed, but: %s",
@@ -813,7 +817,7 @@ class Workflow:
     async def audit_trail(
         self, team_id: str, tool: str | None = None, *, limit: int = 20, offset: int = 0
     ) -> list[AuditEntry]:
-        return await self._store.audit_trail(team_id, tool=tool, limit=limit, offset=offset)
+        return await self._store.reads.audit_trail(team_id, tool=tool, limit=limit, offset=offset)
 
     # -- internals ---------------------------------------------------------------------
 
@@ -910,7 +914,7 @@ class Workflow:
             if p.tool_request is not None
         }
         tools = list(dict.fromkeys(intr.name for intr in out.interrupts))
-        history = await self._store.history(
+        history = await self._store.reads.history(
             scope.team_id,
             scope.requester,
             tools,
@@ -990,7 +994,7 @@ class Workflow:
                 observer=self._observer,
                 seconds=self._tool_timeouts.of(approval.request.tool),
             )
-        return await self._store.turn_approvals(claim.turn_id) if edited else claim.approvals
+        return await self._store.turns.turn_approvals(claim.turn_id) if edited else claim.approvals
 
     async def _resume_failed(self, claim: Claim, *, model_unavailable: bool) -> Resumed | None:
         """Leave the turn for the sweep to retry, or give up after a few attempts."""
@@ -998,11 +1002,11 @@ class Workflow:
         retrying = claim.attempt < MAX_RESUME_ATTEMPTS
         try:
             if retrying:
-                await self._store.renew(claim, until=now + RETRY_DELAY)
-                settled = await self._store.turn_approvals(claim.turn_id)
+                await self._store.turns.renew(claim, until=now + RETRY_DELAY)
+                settled = await self._store.turns.turn_approvals(claim.turn_id)
             else:
                 # The thread continues from before the failed turn, not its dangling calls.
-                settled = await self._store.give_up(claim, now=now)
+                settled = await self._store.turns.give_up(claim, now=now)
         except IllegalTransition:
             log.error(
                 "turn %s lost its lease while failing; another resume has it",
@@ -1015,7 +1019,7 @@ class Workflow:
     async def _taken(self, thread: Thread, requester: str, text: str) -> TurnOutcome:
         """A message to a thread another turn holds: the answer to the question it waits
         on, if it is one, else Busy."""
-        waiting = await self._store.waiting_on(thread)
+        waiting = await self._store.turns.waiting_on(thread)
         asked = [a for a in waiting if a.request.asks == "requester" and a.decision is None]
         if text.strip() and asked and asked[0].request.requester == requester:
             try:  # the requester's reply is the answer their question waits for
@@ -1031,7 +1035,7 @@ class Workflow:
         for delay in RELEASE_BACKOFF:
             await asyncio.sleep(delay)
             try:
-                await self._store.release_thread(conversation_id, snapshot_id=snapshot_id)
+                await self._store.turns.release_thread(conversation_id, snapshot_id=snapshot_id)
                 return
             except Exception:
                 log.warning("could not free conversation %s", conversation_id, exc_info=True)
@@ -1044,7 +1048,7 @@ class Workflow:
 
         async def renew(until: datetime) -> bool:
             try:
-                await self._store.renew(claim, until=until)
+                await self._store.turns.renew(claim, until=until)
             except IllegalTransition:
                 log.error("turn %s lost its lease: another process resumes it", claim.turn_id)
                 return False
@@ -1058,7 +1062,7 @@ class Workflow:
         held one lease at most."""
 
         async def keep(until: datetime) -> bool:
-            return await self._store.keep_thread(conversation_id, until=until)
+            return await self._store.turns.keep_thread(conversation_id, until=until)
 
         await self._heartbeat(keep, f"the thread of conversation {conversation_id}", until)
 
@@ -1092,7 +1096,7 @@ class Workflow:
         """A clean shutdown cut this resume off: hand the turn back (LET_GO), so the next
         sweep (here or in another replica) resumes it at once, not when the lease runs out."""
         try:
-            await self._store.let_go(claim, now=self._clock())
+            await self._store.turns.let_go(claim, now=self._clock())
         except IllegalTransition:
             log.debug("turn %s was taken over before it was let go", claim.turn_id)
         except Exception:  # its lease runs out instead

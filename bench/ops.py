@@ -49,7 +49,7 @@ from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
 from agent.workflow import AwaitingApproval
 from bench.database import temporary_database
-from storage import approval_store
+from storage import rows, turns
 from storage.db import SessionFactory, autocommit, make_engine, make_session_factory
 from storage.domain import Approval, Card, PausedTurn, Request, Thread
 from storage.session_store import SqlSessionStore
@@ -218,7 +218,7 @@ async def postgres_forms(
     """Storage's fast forms against the plain ones (and a pause, as the one statement)."""
     out: dict[str, dict[str, float]] = {}
     thread = sample.thread
-    held = await approval_store.ApprovalStore(sessions).hold_thread(
+    held = await turns.TurnStore(sessions).hold_thread(
         Thread(TEAM, "D0FORMS", "1.1"),
         author="UEMP",
         new_id=str(uuid.uuid4()),
@@ -233,8 +233,8 @@ async def postgres_forms(
             turn = PausedTurn(str(uuid.uuid4()), held.conversation_id, thread, "s", "p", now)
             request = Request("transferMoney", "r", {"amount": 5}, "UEMP", "why", now, now)
             approval = Approval(str(uuid.uuid4()), turn.id, thread, request, card=Card(CHANNEL))
-            params = approval_store.pause_params(turn, [approval])
-            await approval_store.paused_turn(1).run(sessions, params)
+            params = turns.pause_params(turn, [approval])
+            await turns.paused_turn(1).run(sessions, params)
 
         return step
 
@@ -244,11 +244,11 @@ async def postgres_forms(
 
     async def read_alone(i: int) -> None:
         async with autocommit(sessions) as db:
-            await db.execute(approval_store.GET, key)
+            await db.execute(rows.GET, key)
 
     async def read_in_transaction(i: int) -> None:
         async with sessions.begin() as db:
-            await db.execute(approval_store.GET, key)
+            await db.execute(rows.GET, key)
 
     out["approval read: autocommit"] = await cpu_ms(read_alone, n)
     out["approval read: a transaction"] = await cpu_ms(read_in_transaction, n)

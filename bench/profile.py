@@ -62,7 +62,12 @@ OPERATIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("session load", "storage/session_store.py", ("get_snapshot",)),
     ("session save", "storage/session_store.py", ("save_snapshot",)),
 )
-STORES = ("storage/approval_store.py", "storage/policies.py", "storage/retention.py")
+STORES = (
+    *(f"storage/{m}.py" for m in ("turns", "decisions", "executions", "follow_ups", "reads")),
+    "storage/rows.py",
+    "storage/policies.py",
+    "storage/retention.py",
+)
 SLACK = "slack_sdk/web/async_client.py"
 IDLE = (("select", "selectors.py"), ("_run_once", "asyncio/base_events.py"))
 

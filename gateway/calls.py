@@ -256,7 +256,7 @@ class Gateway:
         key's), else new; Exists when a request of that id is there already."""
         now, key = self._clock(), caller.key
         approval_id = approval_id or self._new_id()
-        history = await self._approvals.history(
+        history = await self._approvals.reads.history(
             key.team_id,
             key.user_id,
             [tool],
@@ -314,7 +314,9 @@ class Gateway:
                 left = (approval.request.expires_at - self._clock()).total_seconds()
                 if left <= 0:
                     with contextlib.suppress(IllegalTransition):
-                        expired = await self._approvals.expire(approval, now=self._clock())
+                        expired = await self._approvals.decisions.expire(
+                            approval, now=self._clock()
+                        )
                         await self._refresh_card(expired)
                     break
                 wait = asyncio.ensure_future(
@@ -357,7 +359,7 @@ class Gateway:
                 args = approval.edit.input if approval.edit else r.input
                 changes = approval.edit.changes(r.input) if approval.edit else None
                 try:
-                    await self._approvals.start_execution(approval, now=self._clock())
+                    await self._approvals.executions.start_execution(approval, now=self._clock())
                 except IllegalTransition as refused:  # it ran (or began) already: the record
                     now = refused.current or approval
                     execution = now.execution
@@ -369,7 +371,9 @@ class Gateway:
                     output = args
                 else:
                     output = await self._run(action, r.tool, args, approval=approval, by=by)
-                await self._approvals.finish_execution(approval, output=output, now=self._clock())
+                await self._approvals.executions.finish_execution(
+                    approval, output=output, now=self._clock()
+                )
                 self._observer.executed(r.tool, execution_outcome(output))
                 done = await self._workflow.approval(approval.thread.team_id, approval.id)
                 with contextlib.suppress(Exception):
@@ -449,7 +453,7 @@ class Gateway:
             return found, False
         if allowed:
             now = self._clock()
-            approval, _ = await self._approvals.decide(
+            approval, _ = await self._approvals.decisions.decide(
                 approval, Approved(ALLOWED_BY, now, "allowed by policy")
             )
         return approval, True
@@ -480,14 +484,14 @@ class Gateway:
             and found.request.expires_at <= self._clock()
         ):
             with contextlib.suppress(IllegalTransition):
-                found = await self._approvals.expire(found, now=self._clock())
+                found = await self._approvals.decisions.expire(found, now=self._clock())
                 await self._refresh_card(found)
         return found
 
     async def start(self, approval: Approval) -> bool:
         """START_EXECUTION: True the first time for an approved request, False after."""
         try:
-            await self._approvals.start_execution(approval, now=self._clock())
+            await self._approvals.executions.start_execution(approval, now=self._clock())
         except IllegalTransition:
             return False
         return True
@@ -496,7 +500,7 @@ class Gateway:
         """FINISH_EXECUTION with what the caller says happened; the card shows it."""
         recorded_output = output if ok else {"ok": False, "output": output}
         try:
-            await self._approvals.finish_execution(
+            await self._approvals.executions.finish_execution(
                 approval, output=recorded_output, now=self._clock()
             )
         except IllegalTransition:
@@ -512,7 +516,7 @@ class Gateway:
         it is no longer pending."""
         now = self._clock()
         try:
-            done, _ = await self._approvals.decide(
+            done, _ = await self._approvals.decisions.decide(
                 approval, Denied(approval.request.requester, now, WITHDRAWN)
             )
         except IllegalTransition:
