@@ -18,7 +18,7 @@ import yaml
 from genkit import Action
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent.approval import input_errors
+from agent.inputs import input_errors
 from agent.policy import Policy, PolicyDefaults, effective, from_file
 from agent.policy_file import Duration, PolicyFile
 from storage.policies import StoredPolicy

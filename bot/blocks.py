@@ -34,7 +34,7 @@ from storage.domain import (
 )
 
 if TYPE_CHECKING:
-    from agent.workflow import Busy
+    from agent.outcomes import Busy
 
 Block = dict[str, Any]
 Message = dict[str, Any]

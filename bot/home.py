@@ -225,8 +225,8 @@ class HomeTabs:
 
     async def _publish(self, client: AsyncWebClient, team: str, user: str) -> None:
         facts = self._people.deciding(client, user, clicked_in=None, home=True)
-        inbox = await self._workflow.inbox(team, user, facts, scan=INBOX_SCAN)
-        own = await self._workflow.requested_by(team, user, limit=OWN_SCAN)
+        inbox = await self._workflow.reads.inbox(team, user, facts, scan=INBOX_SCAN)
+        own = await self._workflow.reads.requested_by(team, user, limit=OWN_SCAN)
         admin = await self._people.is_admin(client, user, team)
         policy = await self._summary(self._workflow, team) if admin else None
         cards = [
@@ -243,7 +243,7 @@ class HomeTabs:
             own=own,
             card_links=card_links,
             thread_links=thread_links,
-            editable=lambda tool: self._workflow.edit_form(tool) is not None,
+            editable=lambda tool: self._workflow.runtime.edit_form(tool) is not None,
             policy=policy,
             notice=self._notices.get((team, user)),
         )

@@ -26,9 +26,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import text
 
 from agent import policy_file as policy_files
-from agent.approval import ToolTimeouts
 from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.files import FileTools
+from agent.gate import ToolTimeouts
 from agent.keys import ApiKeys
 from agent.limits import MessageLimits
 from agent.mcp_config import McpServers
@@ -449,7 +449,7 @@ class Service:
     async def _metrics(self, request: web.Request) -> web.Response:
         """Prometheus' text format (bot/metrics.py)."""
         assert self.deps is not None
-        body = await self.metrics.render(self.deps.workflow.pending_by_tool)
+        body = await self.metrics.render(self.deps.workflow.reads.pending_by_tool)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _sweep_forever(self) -> None:
@@ -458,7 +458,7 @@ class Service:
         while True:
             try:
                 streams = self.deps.delivery.streams(self.app.client)
-                report = await self.deps.workflow.sweep(on_text=streams)
+                report = await self.deps.workflow.follow_ups.sweep(on_text=streams)
                 if report.expired or report.resumed:
                     log.info(
                         "recovery sweep resumed %d turn(s), expired %d approval(s)",
@@ -480,7 +480,7 @@ class Service:
         assert self.deps is not None and self.app is not None
         while True:
             try:
-                due = await self.deps.workflow.follow_ups()
+                due = await self.deps.workflow.follow_ups.due()
                 await self.deps.delivery.follow_ups(self.app.client, due)
             except Exception:
                 log.exception("follow-ups failed; trying again shortly")

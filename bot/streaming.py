@@ -27,7 +27,7 @@ from slack_sdk.models.messages.chunk import MarkdownTextChunk
 from slack_sdk.web.async_chat_stream import AsyncChatStream
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import Progress
+from agent.outcomes import Progress
 from bot import blocks
 from storage.domain import Thread
 

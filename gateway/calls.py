@@ -23,20 +23,15 @@ from genkit import Part, ToolRequest
 from genkit._ai._tools import run_tool_request
 from genkit.middleware import MultipartToolResponse
 
-from agent.approval import (
-    DEFAULT_TOOL_TIMEOUTS,
-    ToolTimeouts,
-    execution_outcome,
-    input_errors,
-    jsonable,
-    recorded,
-)
 from agent.context import SAID_MAX
+from agent.gate import DEFAULT_TOOL_TIMEOUTS, ToolTimeouts, recorded
+from agent.inputs import input_errors, jsonable
+from agent.interrupts import HISTORY_DAYS
 from agent.keys import ApiKey
 from agent.limits import MessageLimits
-from agent.observer import Observer
+from agent.observer import Observer, execution_outcome
 from agent.policy_file import PROMPT_PREFIX as PROMPT_PREFIX
-from agent.workflow import HISTORY_DAYS, Workflow
+from agent.workflow import Workflow
 from storage.approval_store import ApprovalStore
 from storage.domain import (
     Approval,
@@ -340,13 +335,15 @@ class Gateway:
             self.decisions.forget(approval.id)
             await asyncio.shield(self._gone(approval))
             raise
-        current = await self._workflow.approval(approval.thread.team_id, approval.id) or approval
+        current = (
+            await self._workflow.reads.approval(approval.thread.team_id, approval.id) or approval
+        )
         return await self._act(current, action)
 
     async def _gone(self, approval: Approval) -> None:
         """The caller went away: the card says so, and nothing will run."""
         try:
-            current = await self._workflow.approval(approval.thread.team_id, approval.id)
+            current = await self._workflow.reads.approval(approval.thread.team_id, approval.id)
             marked = await self._store.caller_gone(current or approval)
             await self._refresh_card(marked)
         except Exception:
@@ -375,7 +372,7 @@ class Gateway:
                     approval, output=output, now=self._clock()
                 )
                 self._observer.executed(r.tool, execution_outcome(output))
-                done = await self._workflow.approval(approval.thread.team_id, approval.id)
+                done = await self._workflow.reads.approval(approval.thread.team_id, approval.id)
                 with contextlib.suppress(Exception):
                     await self._refresh_card(done or approval)
                 ok = execution_outcome(output) == "ok"
@@ -460,7 +457,7 @@ class Gateway:
 
     async def read(self, key: ApiKey, approval_id: str) -> Approval | None:
         """A request of the approvals API in the key's workspace (None: no such one)."""
-        found = await self._workflow.approval(key.team_id, approval_id)
+        found = await self._workflow.reads.approval(key.team_id, approval_id)
         if (
             found is None
             or found.request.context.via is None
@@ -506,7 +503,7 @@ class Gateway:
         except IllegalTransition:
             return False
         self._observer.executed(approval.request.tool, "ok" if ok else "error")
-        done = await self._workflow.approval(approval.thread.team_id, approval.id)
+        done = await self._workflow.reads.approval(approval.thread.team_id, approval.id)
         with contextlib.suppress(Exception):
             await self._refresh_card(done or approval)
         return True

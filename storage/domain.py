@@ -149,9 +149,10 @@ class Request:
     # A question (an interrupt that asks for input) asks the requester or the approvers; an
     # approval asks nobody in particular (None).
     asks: Asked | None = None
-    # The model's own arguments, when the tool's schema coerced them into `input` ("250000"
-    # into 250000): a restart carries them exactly, and the schema coerces them again.
-    asked: dict[str, Any] | None = None
+    # The model's own arguments, when they differ from `input`: the tool's schema coerced
+    # them ("250000" into 250000), or they are not an object (`input` shows 5 as
+    # {"value": 5}). A restart carries them exactly, and the schema coerces them again.
+    asked: Any = None
 
     @property
     def question(self) -> bool:

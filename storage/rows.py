@@ -222,7 +222,7 @@ def approval_of(row: Mapping[Any, Any], thread: Thread) -> Approval:
         approvals_needed=row["approvals_needed"],
         context=Context() if row["context"] is None else CONTEXT.validate_python(row["context"]),
         asks=row["asks"],
-        asked=None if row["asked_input"] is None else dict(row["asked_input"]),
+        asked=row["asked_input"],
     )
     channel = row["card_channel"]
     card = None if channel is None else Card(channel, row["card_ts"], CardState(row["card_state"]))

@@ -18,8 +18,8 @@ from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from agent.outcomes import Decided, DecisionRefused
 from agent.policy import ApproverFacts, Policy
-from agent.workflow import Decided, DecisionRefused
 from bot import blocks, forms
 from bot.deps import Deps
 from bot.listeners.fields import obj, slack_id
@@ -141,7 +141,7 @@ async def settled(deps: Deps, client: AsyncWebClient, decided: Decided) -> None:
 
         async def resume() -> None:
             streams = deps.delivery.streams(client)
-            resumed = await deps.workflow.continue_turn(turn_id, on_text=streams)
+            resumed = await deps.workflow.turns.resume(turn_id, on_text=streams)
             if resumed is not None:
                 await deps.delivery.resumed(client, resumed, streams)
             await streams.close_rest()
@@ -161,7 +161,7 @@ async def approve(
     team, user, channel, approval_id = parsed
     facts = facts_for(deps, client, user, channel, home=home)
     try:
-        decided = await deps.workflow.decide(
+        decided = await deps.workflow.decisions.decide(
             team, approval_id, user, approve=True, facts=facts, seen=seen
         )
     except DecisionRefused as refusal:
@@ -212,7 +212,9 @@ async def opening(
         return None
     team, user, channel, approval_id = parsed
     facts = facts_for(deps, client, user, channel, home=home)
-    check = deps.workflow.check_answerer if answers else deps.workflow.check_decider
+    check = (
+        deps.workflow.decisions.check_answerer if answers else deps.workflow.decisions.check_decider
+    )
     try:
         approval = await check(team, approval_id, user, facts)
         if not answers and seen_in(button(body)) != approval.version:
@@ -232,7 +234,7 @@ async def on_edit_approve(
     if (opened := await opening(deps, client, body)) is None:
         return
     approval = opened.approval
-    form = deps.workflow.edit_form(approval.request.tool)
+    form = deps.workflow.runtime.edit_form(approval.request.tool)
     if form is None:
         await tell(deps, client, opened.parsed, blocks.not_editable(approval), home=opened.home)
         return
@@ -263,7 +265,7 @@ async def on_show_request(
     if await too_fast(deps, client, parsed, home=home):
         return
     team, _, _, approval_id = parsed
-    approval = await deps.workflow.approval(team, approval_id)
+    approval = await deps.workflow.reads.approval(team, approval_id)
     if approval is None:
         await tell(deps, client, parsed, blocks.refusal_text("not_found", None), home=home)
         return
@@ -334,7 +336,7 @@ async def conversation_view(
     team, user, channel, approval_id = parsed
     facts = facts_for(deps, client, user, channel, home=home)
     try:
-        approval, lines = await deps.workflow.conversation(team, approval_id, user, facts)
+        approval, lines = await deps.workflow.reads.conversation(team, approval_id, user, facts)
     except DecisionRefused as refusal:
         text = blocks.conversation_refusal(refusal.reason, refusal.approval)
         await tell(deps, client, parsed, text, home=home)
@@ -350,7 +352,7 @@ async def on_answer(
     await ack()
     if (opened := await opening(deps, client, body, answers=True)) is None:
         return
-    form = deps.workflow.question_form(opened.approval.request.tool)
+    form = deps.workflow.runtime.question_form(opened.approval.request.tool)
     view = blocks.answer_modal(opened.approval, forms.form_blocks(form) if form else None)
     view["private_metadata"] = opened.metadata()
     await client.views_open(trigger_id=opened.trigger, view=view)

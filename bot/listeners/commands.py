@@ -159,7 +159,7 @@ async def change(c: Invocation) -> str:
     if refused := await public_channel_refusal(c, tool, changes):
         return refused
     policy = await c.deps.workflow.policies.change(c.team, tool, by=c.user, **changes)
-    return "Done.\n" + describe(policy, asks=c.deps.workflow.asks(tool))
+    return "Done.\n" + describe(policy, asks=c.deps.workflow.runtime.asks(tool))
 
 
 async def public_channel_refusal(c: Invocation, tool: str, changes: dict[str, Any]) -> str | None:
@@ -192,7 +192,7 @@ async def list_tools(c: Invocation) -> str:
 async def policy_summary(workflow: Workflow, team: str) -> str:
     """Every tool's policy, a line each: `/approvals list`, and admins' Home tab."""
     policies = await workflow.policies.all(team)
-    return "\n".join(describe(p, asks=workflow.asks(p.tool)) for p in policies) or (
+    return "\n".join(describe(p, asks=workflow.runtime.asks(p.tool)) for p in policies) or (
         "No tools are loaded."
     )
 
@@ -221,7 +221,7 @@ async def list_pending(c: Invocation) -> str:
     rest, page = page_of(c.args, "/approvals pending [page]")
     if rest:
         raise Usage("Usage: `/approvals pending [page]`")
-    found = await c.deps.workflow.pending(
+    found = await c.deps.workflow.reads.pending(
         c.team, limit=PAGE_SIZE + 1, offset=(page - 1) * PAGE_SIZE
     )
     lines = []
@@ -243,7 +243,7 @@ async def audit_trail(c: Invocation) -> str:
     if len(rest) > 1:
         raise Usage("Usage: `/approvals audit [tool] [page]`")
     tool = rest[0] if rest else None
-    trail = await c.deps.workflow.audit_trail(
+    trail = await c.deps.workflow.reads.audit_trail(
         c.team, tool, limit=PAGE_SIZE + 1, offset=(page - 1) * PAGE_SIZE
     )
     lines = [

@@ -11,7 +11,7 @@ from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import AnsweredInThread
+from agent.outcomes import AnsweredInThread
 from bot import blocks
 from bot.assistant import is_assistant_thread, title_of
 from bot.deps import Deps
@@ -67,9 +67,9 @@ async def handle(
     if in_channel and bot_mention in text:
         return
     try:
-        if in_channel and not await deps.workflow.knows(thread):
+        if in_channel and not await deps.workflow.turns.knows(thread):
             return
-        if not await deps.workflow.accept_event(event_id):
+        if not await deps.workflow.turns.accept_event(event_id):
             return  # Slack's retry of an event already handled
         admission = await deps.limits.admit(team, event["user"])
     except Exception:
@@ -123,7 +123,7 @@ async def run_turn(
         deps.assistant.saw(thread)  # it has a status line (resumes will show it too)
     # The first message names the thread in the assistant's history (asked before the
     # turn makes the thread known).
-    if assistant and not await deps.workflow.knows(thread):
+    if assistant and not await deps.workflow.turns.knows(thread):
         titling = asyncio.create_task(title(client, thread, text))
     elif not assistant and posting is None:
         posting = asyncio.create_task(deps.delivery.say(client, thread, blocks.thinking_message()))
@@ -132,7 +132,7 @@ async def run_turn(
     streams.open(thread, user, posting)
     viewing = deps.assistant.viewing(thread) if assistant else None
     try:
-        outcome = await deps.workflow.start_turn(
+        outcome = await deps.workflow.turns.start(
             thread, user, text, on_text=streams, viewing=viewing
         )
     finally:

@@ -9,7 +9,7 @@ from typing import Any
 from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import DecisionRefused, InvalidAnswer
+from agent.outcomes import DecisionRefused, InvalidAnswer
 from bot import blocks, forms
 from bot.deps import Deps
 from bot.listeners.actions import facts_for, in_modal, seen_in, settled
@@ -53,7 +53,7 @@ async def on_deny_submitted(
     facts = facts_for(deps, client, user, channel, home=True)
     seen = seen_in(metadata(body).get("seen"))
     try:
-        decided = await deps.workflow.decide(
+        decided = await deps.workflow.decisions.decide(
             team, approval_id, user, approve=False, reason=reason, facts=facts, seen=seen
         )
     except DecisionRefused as refusal:
@@ -72,13 +72,13 @@ async def on_answer_submitted(
     """The answer to a question: free text, or its tool's form; checked, then recorded once.
     Whatever is wrong is shown in the modal, next to the input it concerns."""
     opened = in_modal(body)
-    approval = await deps.workflow.approval(opened[0], opened[3]) if opened else None
+    approval = await deps.workflow.reads.approval(opened[0], opened[3]) if opened else None
     if opened is None or approval is None:
         await ack()
         return
     team, user, channel, approval_id = opened
     state = obj(obj(obj(body.get("view")).get("state")).get("values"))
-    form = deps.workflow.question_form(approval.request.tool)
+    form = deps.workflow.runtime.question_form(approval.request.tool)
     answer: Any
     if form is not None:
         answer, errors = forms.form_values(form, state)
@@ -91,7 +91,7 @@ async def on_answer_submitted(
         return
     facts = facts_for(deps, client, user, channel, home=True)  # asked of Slack again
     try:
-        decided = await deps.workflow.answer(team, approval_id, user, answer, facts=facts)
+        decided = await deps.workflow.decisions.answer(team, approval_id, user, answer, facts=facts)
     except InvalidAnswer as invalid:
         shown = {
             k if k in forms.properties(form or {}) else first: v for k, v in invalid.errors.items()
@@ -115,8 +115,8 @@ async def on_edit_submitted(
     approved once, if it is still the version the modal showed (fields left as they were
     keep their values exactly). A modal of an older version is shown the current one."""
     opened = in_modal(body)
-    approval = await deps.workflow.approval(opened[0], opened[3]) if opened else None
-    form = deps.workflow.edit_form(approval.request.tool) if approval else None
+    approval = await deps.workflow.reads.approval(opened[0], opened[3]) if opened else None
+    form = deps.workflow.runtime.edit_form(approval.request.tool) if approval else None
     if opened is None or approval is None or form is None:
         await ack()
         return
@@ -133,7 +133,7 @@ async def on_edit_submitted(
     fields = forms.properties(form)
     first = next(iter(fields), "")
     try:
-        decided = await deps.workflow.approve_with_changes(
+        decided = await deps.workflow.decisions.approve_with_changes(
             team, approval_id, user, changed, facts=facts, seen=seen
         )
     except InvalidAnswer as invalid:

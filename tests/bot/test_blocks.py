@@ -15,7 +15,7 @@ from slack_sdk.models.blocks import Block
 from slack_sdk.models.views import View
 
 from agent.context import Line
-from agent.workflow import Busy
+from agent.outcomes import Busy
 from bot import blocks
 from storage.domain import (
     Approval,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.workflow import Progress
+from agent.outcomes import Progress
 from bot.app import web_client
 from bot.server import Service
 from bot.streaming import Streams
