@@ -24,7 +24,7 @@ from agent.runtime import AgentRuntime
 from storage.approval_store import ApprovalStore
 from storage.domain import Answered, Approval, Approved, Denied, Edit
 from storage.lifecycle import IllegalTransition, Requirement
-from storage.policies import StoredPolicy
+from storage.policy_spec import StoredPolicy
 
 
 @dataclass(frozen=True)

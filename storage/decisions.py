@@ -28,7 +28,8 @@ from storage.lifecycle import (
     Requirement,
 )
 from storage.models import PolicyRow
-from storage.policies import POLICY_FIELDS, StoredPolicy, stored_policy
+from storage.policies import POLICY_FIELDS, stored_policy
+from storage.policy_spec import StoredPolicy
 from storage.rows import (
     EXPLAIN_APPROVAL,
     GET,

@@ -21,13 +21,14 @@ from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncRespond
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.keys import ApiKey, BadName, NameTaken
-from agent.policy import Policy, Rule, UnknownTool, split_principals
+from agent.policy import Policy, UnknownTool
 from agent.policy_cases import Outcome, decide
 from agent.workflow import Workflow
 from bot.blocks import escape
 from bot.deps import Deps
 from bot.listeners.fields import slack_id
 from storage.domain import CardState
+from storage.policy_spec import Rule, split_principals
 
 HELP = """*`/approvals`* — who approves what the agent does
 • `list` — every tool: allowed or needs approval, channel, approvers, timeout
@@ -134,9 +135,9 @@ def policy_change(verb: str, args: list[str]) -> dict[str, Any]:
     if verb == "timeout":
         if len(args) != 1:
             raise Usage("Usage: `/approvals timeout <tool> <duration>`, e.g. `4h`")
-        return {"timeout_seconds": int(parse_duration(args[0]).total_seconds())}
+        return {"timeout": parse_duration(args[0])}
     if args == ["channel"]:
-        return {"approver_users": [], "approver_groups": []}
+        return {"approvers": []}
     users, groups = [], []
     for arg in args:
         if user := USER.match(arg):
@@ -147,7 +148,7 @@ def policy_change(verb: str, args: list[str]) -> dict[str, Any]:
             raise Usage("Usage: `/approvals approvers <tool> @user @group…` (mention them)")
     if not users and not groups:
         raise Usage("Name at least one @user or @group, or `channel` to reset.")
-    return {"approver_users": users, "approver_groups": groups}
+    return {"approvers": users + groups}
 
 
 async def change(c: Invocation) -> str:
@@ -173,8 +174,8 @@ async def public_channel_refusal(c: Invocation, tool: str, changes: dict[str, An
     current = await policies.get(c.team, tool)
     channel = changes.get("channel", current.channel)
     named = current.names_approvers
-    if "approver_users" in changes:
-        named = bool(changes["approver_users"] or changes["approver_groups"])
+    if "approvers" in changes:
+        named = bool(changes["approvers"])
     if named or channel is None or await c.deps.people.is_private(c.client, channel):
         return None
     name = escape(tool)

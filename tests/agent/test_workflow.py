@@ -176,7 +176,7 @@ async def test_chained_interrupts_in_one_turn(h: Harness) -> None:
 
 async def test_self_approval_and_non_approvers_are_refused(h: Harness) -> None:
     await h.workflow.policies.change(
-        h.team, "transferMoney", by="U_ADMIN", approver_users=["U_CFO"], approver_groups=["S_FIN"]
+        h.team, "transferMoney", by="U_ADMIN", approvers=["U_CFO", "S_FIN"]
     )
     h.model.script(calls(("transferMoney", TRANSFER)))
     out = await h.workflow.turns.start(h.thread(), "U_EMP", "send")
