@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agent.assemble import build_workflow
 from agent.gate import UNKNOWN_OUTCOME, ToolTimeouts, cut_off
+from agent.observer import Observer
 from agent.outcomes import AwaitingApproval, Reply, Resumed
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
@@ -29,7 +30,7 @@ from storage.db import make_engine, make_session_factory
 from storage.domain import Approved, Finished, Started, Thread, TurnState
 from storage.models import TurnRow
 from tests import ledger_tools
-from tests.agent.conftest import IN_CHANNEL
+from tests.agent.conftest import IN_CHANNEL, Recorder
 from tests.conftest import pg_test_url, poll
 from tests.fakes.scripted_model import ScriptedModel, calls, text, tool_responses
 
@@ -55,6 +56,7 @@ def workflow(
     lease: float = 15,
     turn_timeout: float = 300,
     tool_timeouts: ToolTimeouts | None = None,
+    observer: Observer | None = None,
 ) -> Workflow:
     return build_workflow(
         make_session_factory(engine),
@@ -64,6 +66,7 @@ def workflow(
         lease=timedelta(seconds=lease),
         turn_timeout=timedelta(seconds=turn_timeout),
         tool_timeouts=tool_timeouts or ToolTimeouts(),
+        observer=observer,
     )
 
 
@@ -153,7 +156,8 @@ async def test_a_tool_past_its_own_timeout_is_stopped_and_its_outcome_is_unknown
     model = ScriptedModel()
     model.script(transfer("slow-30"), echo)
     limits = ToolTimeouts(timedelta(minutes=15), {"transferMoney": timedelta(seconds=0.5)})
-    w = workflow(engine, model, tool_timeouts=limits)
+    seen = Recorder()
+    w = workflow(engine, model, tool_timeouts=limits, observer=seen)
     turn_id = await approved_transfer(w, team, "slow-30")
 
     async with asyncio.timeout(10):  # stopped at 0.5 s, not after 30
@@ -166,6 +170,7 @@ async def test_a_tool_past_its_own_timeout_is_stopped_and_its_outcome_is_unknown
     # It started and never finished: "outcome unknown" on the card, and never run again.
     assert isinstance(settled.decision, Approved) and isinstance(settled.execution, Started)
     assert len(ledger()) == 1 and ledger("transferMoney:finished") == []
+    assert seen.executions == [("transferMoney", "unknown")]  # counted once, at the turn's end
     assert await w.turns.resume(turn_id) is None
     assert "outcome is unknown" in str(cut_off("transferMoney", 0.5))
     assert "time limit" in str(UNKNOWN_OUTCOME)  # what a later resume would say of it
