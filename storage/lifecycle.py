@@ -38,7 +38,7 @@ Why an approved call runs at most once
        approval of this very call) is committed; FINISH_EXECUTION records its output. A
        later resume of the same turn (recovery) answers a finished call with its recorded
        output and a started one with "outcome unknown": it never runs a call twice
-       (agent/workflow.py `resume_parts`).
+       (agent/interrupts.py `resume_parts`, agent/gate.py).
     4. A resume's restart parts are built from the stored request, never from a button.
     5. The tool gets the approval id as an idempotency key for the systems it calls.
 
