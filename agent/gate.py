@@ -22,7 +22,9 @@ from datetime import datetime, timedelta
 from typing import Any, assert_never
 
 from genkit import Action, Interrupt, MultipartToolResponse, Part, ToolRequest
-from genkit._ai._tools import run_tool_request
+from genkit._ai._tools import (
+    run_tool_request,  # private: no public name runs a tool with resumed metadata
+)
 from genkit.middleware import GenerateMiddlewareContext, ToolHookParams
 
 from agent.inputs import jsonable

@@ -212,9 +212,8 @@ async def opening(
         return None
     team, user, channel, approval_id = parsed
     facts = facts_for(deps, client, user, channel, home=home)
-    check = (
-        deps.workflow.decisions.check_answerer if answers else deps.workflow.decisions.check_decider
-    )
+    decisions = deps.workflow.decisions
+    check = decisions.check_answerer if answers else decisions.check_decider
     try:
         approval = await check(team, approval_id, user, facts)
         if not answers and seen_in(button(body)) != approval.version:
