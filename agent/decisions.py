@@ -94,7 +94,7 @@ class Decisions:
                 approval, Answered(person, self.clock(), answer)
             )
         except IllegalTransition as refused:  # answered first by someone, or time ran out
-            current = await self.expire_if_overdue(refused.current or approval)
+            current = await self._expire_if_overdue(refused.current or approval)
             raise DecisionRefused("already_decided", current) from None
         self.watch.settled(done)
         return Decided(done, turn_ready=others_pending == 0)
@@ -164,7 +164,7 @@ class Decisions:
         decision = Approved(approver, edit.at)
         return await self._record(approval, decision, seen=approval.version, edit=edit)
 
-    async def expire_if_overdue(self, approval: Approval) -> Approval:
+    async def _expire_if_overdue(self, approval: Approval) -> Approval:
         """A pending approval past its deadline is expired, whoever touches it first (a click,
         the sweep); returns it as it is now."""
         if approval.decision is not None or approval.request.expires_at > self.clock():
@@ -181,7 +181,7 @@ class Decisions:
         found = await self.store.decisions.decidable(team_id, approval_id)
         if found is None:
             raise DecisionRefused("not_found")
-        return await self.expire_if_overdue(found[0]), found[1]
+        return await self._expire_if_overdue(found[0]), found[1]
 
     async def _check(
         self, approval: Approval, stored: StoredPolicy | None, person: str, facts: Facts
@@ -250,7 +250,7 @@ class Decisions:
 
     async def _refused(self, refused: IllegalTransition, approval: Approval) -> DecisionRefused:
         """Why an Approve, a Deny or an edit changed nothing, for the person who tried."""
-        current = await self.expire_if_overdue(refused.current or approval)
+        current = await self._expire_if_overdue(refused.current or approval)
         if current.decision is None and Requirement.AS_SEEN in refused.unmet:
             return DecisionRefused("changed", current)
         if current.decision is None and Requirement.NEW_VOTER in refused.unmet:
