@@ -20,7 +20,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.policy import ApproverFacts, Policy
 from agent.workflow import Approval, Decided, DecisionRefused
-from bot import blocks, forms
+from bot import forms, messages, modals, refusals
 from bot.deps import Deps
 from bot.listeners.fields import obj, slack_id
 
@@ -92,7 +92,7 @@ async def refuse(
 ) -> None:
     """Say why, privately; redraw the card only when its state changed (someone decided,
     or it expired) since it was drawn."""
-    text = blocks.refusal_text(refusal.reason, refusal.approval)
+    text = refusals.refusal_text(refusal.reason, refusal.approval)
     await tell(deps, client, parsed, text, home=home)
     if refusal.reason in ("already_decided", "changed") and refusal.approval is not None:
         await deps.delivery.refresh_card(client, refusal.approval)
@@ -233,9 +233,9 @@ async def on_edit_approve(
     approval = opened.approval
     form = deps.workflow.edit_form(approval.request.tool)
     if form is None:
-        await tell(deps, client, opened.parsed, blocks.not_editable(approval), home=opened.home)
+        await tell(deps, client, opened.parsed, messages.not_editable(approval), home=opened.home)
         return
-    view = blocks.edit_modal(approval, forms.form_blocks(form, approval.current.input))
+    view = modals.edit_modal(approval, forms.form_blocks(form, approval.current.input))
     view["private_metadata"] = opened.metadata()
     await client.views_open(trigger_id=opened.trigger, view=view)
 
@@ -245,7 +245,7 @@ async def on_deny(ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, d
     await ack()
     if (opened := await opening(deps, client, body)) is None:
         return
-    view = blocks.deny_modal(opened.approval)
+    view = modals.deny_modal(opened.approval)
     view["private_metadata"] = opened.metadata()
     await client.views_open(trigger_id=opened.trigger, view=view)
 
@@ -264,9 +264,9 @@ async def on_show_request(
     team, _, _, approval_id = parsed
     approval = await deps.workflow.approval(team, approval_id)
     if approval is None:
-        await tell(deps, client, parsed, blocks.refusal_text("not_found", None), home=home)
+        await tell(deps, client, parsed, refusals.refusal_text("not_found", None), home=home)
         return
-    await client.views_open(trigger_id=trigger, view=blocks.full_request_modal(approval))
+    await client.views_open(trigger_id=trigger, view=modals.full_request_modal(approval))
 
 
 async def on_show_conversation(
@@ -335,11 +335,11 @@ async def conversation_view(
     try:
         approval, lines = await deps.workflow.conversation(team, approval_id, user, facts)
     except DecisionRefused as refusal:
-        text = blocks.conversation_refusal(refusal.reason, refusal.approval)
+        text = refusals.conversation_refusal(refusal.reason, refusal.approval)
         await tell(deps, client, parsed, text, home=home)
         return None
-    pages = blocks.conversation_pages(lines)
-    return blocks.conversation_modal(approval, pages, min(page, len(pages) - 1), channel=channel)
+    pages = modals.conversation_pages(lines)
+    return modals.conversation_modal(approval, pages, min(page, len(pages) - 1), channel=channel)
 
 
 async def on_answer(
@@ -350,7 +350,7 @@ async def on_answer(
     if (opened := await opening(deps, client, body, answers=True)) is None:
         return
     form = deps.workflow.question_form(opened.approval.request.tool)
-    view = blocks.answer_modal(opened.approval, forms.form_blocks(form) if form else None)
+    view = modals.answer_modal(opened.approval, forms.form_blocks(form) if form else None)
     view["private_metadata"] = opened.metadata()
     await client.views_open(trigger_id=opened.trigger, view=view)
 

@@ -12,7 +12,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.workflow import AnsweredInThread, Thread
-from bot import blocks
+from bot import messages
 from bot.assistant import is_assistant_thread, title_of
 from bot.deps import Deps
 from bot.listeners.actions import settled
@@ -77,14 +77,14 @@ async def handle(
         # thread might not be ours) is told. Slack's retries may repeat the notice.
         log.exception("database unavailable for event %s", event_id)
         if not in_channel:
-            await deps.delivery.say(client, thread, blocks.failure_message(retrying=False))
+            await deps.delivery.say(client, thread, messages.failure_message(retrying=False))
         return
     if not admission.run:
         if admission.tell and admission.over is not None:
-            await deps.delivery.say(client, thread, blocks.slow_down_message(admission.over))
+            await deps.delivery.say(client, thread, messages.slow_down_message(admission.over))
         return
     if deps.background.full():
-        await deps.delivery.say(client, thread, blocks.overloaded_message())
+        await deps.delivery.say(client, thread, messages.overloaded_message())
         return
     text = re.sub(rf"{re.escape(bot_mention)}\s*", "", text).strip()
     # An assistant thread shows Slack's status line instead of a placeholder. Elsewhere a
@@ -93,7 +93,7 @@ async def handle(
     assistant = is_assistant_thread(event)
     posting = None
     if text and not assistant and not deps.background.has_room():
-        thinking = blocks.thinking_message()
+        thinking = messages.thinking_message()
         posting = asyncio.create_task(deps.delivery.say(client, thread, thinking))
     turn = run_turn(deps, client, thread, event["user"], text, posting, assistant=assistant)
     deps.background.spawn(turn, name="turn")
@@ -115,7 +115,7 @@ async def run_turn(
     card) need not wait for Slack's round trip. No text, no turn: a greeting.
     """
     if not text:
-        await deps.delivery.say(client, thread, blocks.reply_message(HELLO))
+        await deps.delivery.say(client, thread, messages.reply_message(HELLO))
         return
     titling = None
     if assistant:
@@ -125,7 +125,9 @@ async def run_turn(
     if assistant and not await deps.workflow.knows(thread):
         titling = asyncio.create_task(title(client, thread, text))
     elif not assistant and posting is None:
-        posting = asyncio.create_task(deps.delivery.say(client, thread, blocks.thinking_message()))
+        posting = asyncio.create_task(
+            deps.delivery.say(client, thread, messages.thinking_message())
+        )
     deps.delivery.warm_link(client, thread)  # the card names the thread, if there is a card
     streams = deps.delivery.streams(client)
     streams.open(thread, user, posting)

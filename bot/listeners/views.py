@@ -10,7 +10,7 @@ from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.workflow import DecisionRefused, InvalidAnswer
-from bot import blocks, forms
+from bot import forms, modals, refusals
 from bot.deps import Deps
 from bot.listeners.actions import facts_for, in_modal, seen_in, settled
 from bot.listeners.fields import obj
@@ -57,7 +57,7 @@ async def on_deny_submitted(
             team, approval_id, user, approve=False, reason=reason, facts=facts, seen=seen
         )
     except DecisionRefused as refusal:
-        text = blocks.refusal_text(refusal.reason, refusal.approval)
+        text = refusals.refusal_text(refusal.reason, refusal.approval)
         await ack(response_action="errors", errors={"reason": text})
         if refusal.reason in ("already_decided", "changed") and refusal.approval is not None:
             await deps.delivery.refresh_card(client, refusal.approval)  # the state changed
@@ -99,7 +99,7 @@ async def on_answer_submitted(
         await ack(response_action="errors", errors=shown)
         return
     except DecisionRefused as refusal:
-        text = blocks.refusal_text(refusal.reason, refusal.approval)
+        text = refusals.refusal_text(refusal.reason, refusal.approval)
         await ack(response_action="errors", errors={first: text})
         if refusal.reason == "already_decided" and refusal.approval is not None:
             await deps.delivery.refresh_card(client, refusal.approval)  # the state changed
@@ -144,11 +144,11 @@ async def on_edit_submitted(
         await ack(response_action="errors", errors=shown)
         return
     except DecisionRefused as refusal:
-        text = blocks.refusal_text(refusal.reason, refusal.approval)
+        text = refusals.refusal_text(refusal.reason, refusal.approval)
         now = refusal.approval
         if refusal.reason == "changed" and now is not None and now.decision is None:
             # The current version, in place of the one this modal showed.
-            update = blocks.edit_modal(now, forms.form_blocks(form, now.current.input), note=text)
+            update = modals.edit_modal(now, forms.form_blocks(form, now.current.input), note=text)
             update["private_metadata"] = json.dumps(meta | {"seen": now.version})
             await ack(response_action="update", view=update)
         else:
