@@ -1,8 +1,8 @@
-"""Block Kit primitives the cards, modals, messages and the Home share: blocks, buttons,
-mentions, dates, quotes and values shown in a line, each clipped to Slack's limits.
+"""Block Kit primitives that the cards, modals, messages and the Home share.
 
-Text goes out `verbatim`, so Slack links nothing it finds in it by itself; only ids that
-look like Slack ids become mentions, and only https URLs become links.
+Blocks, buttons, mentions, dates, quotes and values shown in a line, each clipped to
+Slack's limits. Text goes out `verbatim`, so Slack links nothing it finds in it by itself;
+only ids that look like Slack ids become mentions, and only https URLs become links.
 """
 
 from __future__ import annotations

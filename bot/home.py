@@ -1,10 +1,10 @@
-"""The App Home tab: the approver's inbox, the person's own requests, and (for admins) the
-policy, published per person with views.publish and kept fresh as its approvals change.
+"""The App Home tab: each person's inbox, own requests and (for admins) the policy, kept
+fresh as approvals change.
 
-Its buttons are the approval card's own (the same action ids and values), so a decision
-made here goes through the very listeners, rules and writes a card's does
-(bot/listeners/actions.py). Which Home shows what is remembered per process, boundedly: a
-replica refreshes only the Homes it published.
+Published per person with views.publish. Its buttons are the approval card's own (the same
+action ids and values, bot/card.py), so a decision made here goes through the very
+listeners, rules and writes a card's does (bot/listeners/actions.py). Which Home shows
+what is remembered per process, boundedly: a replica refreshes only the Homes it published.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""The service's recurring work: the recovery sweep and the follow-ups, each a task that
-loops until the service stops."""
+"""The service's recurring work: the recovery sweep and the follow-ups, until it stops."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The MCP servers whose tools the agent calls, for the life of the service: which are
-configured, connected at start, POLICY_FILE applied to tools that join later, closed last."""
+"""The MCP servers whose tools the agent calls, from start to shutdown.
+
+Which are configured, connected at start, POLICY_FILE applied to the tools that join later,
+closed after the last turn."""
 
 from __future__ import annotations
 

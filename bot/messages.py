@@ -1,5 +1,7 @@
-"""The bot's messages other than cards: to the requester in their thread (what the agent
-waits for, its reply, why it could not answer), and reminders to approvers."""
+"""The bot's messages other than cards and modals: to the requester, and reminders.
+
+In the requester's thread: what the agent waits for, its reply, why it could not answer;
+to approvers: reminders."""
 
 from __future__ import annotations
 

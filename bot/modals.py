@@ -1,5 +1,5 @@
-"""The modals an approval's buttons open: the full request, the conversation behind it,
-Edit & approve, Deny with a reason, and the answer to a question."""
+"""The modals an approval's buttons open: full request, conversation, Edit & approve, Deny,
+Answer."""
 
 from __future__ import annotations
 

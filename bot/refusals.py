@@ -1,5 +1,6 @@
-"""What a person is told, privately, when their click or submission changed nothing: one
-answer per refusal reason, matched exhaustively."""
+"""What a person is told, privately, when their click or submission changed nothing.
+
+One answer per refusal reason, matched exhaustively."""
 
 from __future__ import annotations
 

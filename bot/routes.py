@@ -1,5 +1,7 @@
 """The service's own HTTP routes: Slack's events behind a signature check, /healthz and
-/metrics (the gateway adds its routes beside them)."""
+/metrics.
+
+The gateway adds its routes beside them (bot/server.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Untrusted text made safe to show in Slack: escaped, hidden characters revealed, look-alike
-letters flagged, clipped without cutting an escape in half.
+"""Untrusted text made safe to show in Slack: escaped, hidden characters revealed,
+look-alikes flagged, clipped.
 
 Everything untrusted (tool input, model output, user text, reasons) goes through `escape`
 so it can never ping (`<!channel>`, `<@U…>`) or forge links, with every hidden character

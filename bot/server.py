@@ -1,5 +1,8 @@
-"""The running service: everything `python -m bot` runs, wired together, started and stopped
-in order (HTTP or Socket Mode, both transports on one workflow, the loops, clean shutdown)."""
+"""The running service: everything `python -m bot` runs, wired together, started and
+stopped in order.
+
+HTTP or Socket Mode, both transports (bot/, gateway/) on one workflow, the loops; on
+SIGTERM, a clean shutdown."""
 
 from __future__ import annotations
 

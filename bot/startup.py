@@ -1,5 +1,8 @@
-"""The policy a service starts with: POLICY_FILE read and checked, every channel whose members
-decide checked to be private, then the file's policy applied to the workspace."""
+"""The policy a service starts with: POLICY_FILE checked, approver channels private, the
+policy applied.
+
+Every channel whose members decide must be private before the file's policy is applied to
+the workspace."""
 
 from __future__ import annotations
 

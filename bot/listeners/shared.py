@@ -1,6 +1,8 @@
-"""What the listeners share: payload fields checked, a click or a modal's submission parsed
-into an Interaction, and a decision followed through (the turn resumed, the card redrawn).
+"""Helpers the listeners share: payload checks, the parsed Interaction, what follows a
+decision.
 
+A click or a modal's submission is parsed into an Interaction; after a decision the turn
+resumes and the card is redrawn (`settled`).
 Bolt hands payloads on as they came. Slack's ids are short upper-case letters and digits,
 and a message ts is digits, a dot and digits. Anything else (another type, a NUL byte, a
 megabyte) is refused here, before it can reach the database, whose id columns hold 32
