@@ -11,7 +11,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.workflow import Thread
 from bot.deps import Deps
-from bot.listeners.fields import message_ts, obj, slack_id
+from bot.listeners.shared import message_ts, obj, slack_id
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from agent.keys import ApiKey, BadName, NameTaken
 from agent.policy import Policy, Rule, UnknownTool, split_principals
 from agent.policy_cases import Outcome, decide
 from agent.workflow import CardState, Workflow
-from bot.blocks import escape
 from bot.deps import Deps
-from bot.listeners.fields import slack_id
+from bot.listeners.shared import slack_id
+from bot.safe_text import escape
 
 HELP = """*`/approvals`* — who approves what the agent does
 • `list` — every tool: allowed or needs approval, channel, approvers, timeout
