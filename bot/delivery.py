@@ -29,7 +29,8 @@ from agent.outcomes import (
     TurnOutcome,
 )
 from agent.workflow import Workflow
-from bot import blocks
+from bot import messages
+from bot.card import approval_card, question_card
 from bot.streaming import ReplyStream, Streams
 from storage.domain import Approval, Thread
 
@@ -92,15 +93,15 @@ class Delivery:
                 return
             placeholder = closed.replace
         if isinstance(outcome, Reply):
-            message = blocks.reply_message(outcome.text)
+            message = messages.reply_message(outcome.text)
         elif isinstance(outcome, AwaitingApproval):
             message = await self._post_cards(client, outcome.approvals)
         elif isinstance(outcome, Busy):
-            message = blocks.busy_message(outcome)
+            message = messages.busy_message(outcome)
         elif isinstance(outcome, AnsweredInThread):
-            message = blocks.answer_taken()
+            message = messages.answer_taken()
         else:
-            message = blocks.failure_message(outcome.retrying, outcome.model_unavailable)
+            message = messages.failure_message(outcome.retrying, outcome.model_unavailable)
         await self.say(client, outcome.thread, message, replace=placeholder)
         # An assistant thread's status line says what the turn waits for; set after the
         # note, since a post clears it.
@@ -233,12 +234,12 @@ class Delivery:
         card = approval.card
         if card is None or card.ts is None:
             return  # never posted: the requester was told, and there is nothing to remind of
-        text = blocks.reminder_text(approval, policy.approver_users, policy.approver_groups)
+        text = messages.reminder_text(approval, policy.approver_users, policy.approver_groups)
         await self.say(client, Thread("", card.channel, card.ts), text)
         in_thread = approval.thread.thread_ts if approval.request.asks == "requester" else None
         link = await self._permalink(client, Thread("", card.channel, card.ts), in_thread=in_thread)
         for user in policy.approver_users:
-            note = blocks.reminder_dm(approval, link)
+            note = messages.reminder_dm(approval, link)
             try:
                 await client.chat_postMessage(
                     channel=user, unfurl_links=False, unfurl_media=False, **note
@@ -300,7 +301,7 @@ class Delivery:
         thread_link = await self._permalink(client, approvals[0].thread) if approvals else None
         for approval in approvals:
             links.append(await self._post_card(client, approval, thread_link))
-        return blocks.requester_note(list(approvals), card_links=links)
+        return messages.requester_note(list(approvals), card_links=links)
 
     async def post_card(self, client: AsyncWebClient, approval: Approval) -> None:
         """The card of a request with no Slack thread behind it (the gateway's), through the
@@ -331,7 +332,7 @@ class Delivery:
             log.error("could not post card %s: %s", approval.id, error)
             if error not in TRANSIENT:  # for good: the requester must hear of it
                 await self._workflow.follow_ups.card_failed(approval)
-                await self.say(client, approval.thread, blocks.card_failed_message(approval))
+                await self.say(client, approval.thread, messages.card_failed_message(approval))
             return None
         except aiohttp.ClientError as exc:  # after the client's retries; a sweep tries again
             log.error("could not post card %s: %r", approval.id, exc)
@@ -386,11 +387,11 @@ class Delivery:
             or await self._is_private(client, channel)
         )
         if r.question:
-            return blocks.question_card(
+            return question_card(
                 approval, description=description, thread_link=thread_link, now=now, quotes=quotes
             )
         editable = self._workflow.runtime.edit_form(r.tool) is not None
-        return blocks.approval_card(
+        return approval_card(
             approval,
             description=description,
             thread_link=thread_link,

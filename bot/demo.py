@@ -17,7 +17,8 @@ from agent.outcomes import AnsweredInThread, AwaitingApproval, Reply, TurnOutcom
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
 from agent.workflow import Workflow
-from bot import blocks
+from bot.card import approval_card, question_card
+from bot.terminal import card_as_text
 from storage import embedded
 from storage.db import make_engine, make_session_factory
 from storage.domain import Thread
@@ -81,8 +82,8 @@ async def one_request(
     assert isinstance(outcome, AwaitingApproval), outcome
     approval = outcome.approvals[0]
     description = workflow.runtime.describe(approval.request.tool)
-    card = blocks.approval_card(approval, description=description, thread_link=None, now=utc_now())
-    show(f"Approval card in #{CHANNEL}", blocks.card_as_text(card))
+    card = approval_card(approval, description=description, thread_link=None, now=utc_now())
+    show(f"Approval card in #{CHANNEL}", card_as_text(card))
     facts = ApproverFacts(in_channel=True)
     if changes is not None:
         show(f"{APPROVER} (approver)", f"clicks Edit & approve, and changes it to {changes}")
@@ -98,8 +99,8 @@ async def one_request(
         )
     show(
         "Card, updated",
-        blocks.card_as_text(
-            blocks.approval_card(
+        card_as_text(
+            approval_card(
                 decided.approval, description=description, thread_link=None, now=utc_now()
             )
         ),
@@ -116,8 +117,8 @@ async def one_question(workflow: Workflow, ts: str, text: str, answer: str) -> N
     outcome = await workflow.turns.start(thread, EMPLOYEE, text)
     assert isinstance(outcome, AwaitingApproval), outcome
     question = outcome.approvals[0]
-    card = blocks.question_card(question, description="", thread_link=None, now=utc_now())
-    show("Greenlight (a question in the employee's thread)", blocks.card_as_text(card))
+    card = question_card(question, description="", thread_link=None, now=utc_now())
+    show("Greenlight (a question in the employee's thread)", card_as_text(card))
     show(f"{EMPLOYEE} (replies in the thread)", answer)
     answered = await workflow.turns.start(thread, EMPLOYEE, answer)
     assert isinstance(answered, AnsweredInThread) and answered.decided.turn_ready, answered

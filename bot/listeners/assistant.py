@@ -10,7 +10,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.deps import Deps
-from bot.listeners.fields import message_ts, obj, slack_id
+from bot.listeners.shared import message_ts, obj, slack_id
 from storage.domain import Thread
 
 log = logging.getLogger(__name__)

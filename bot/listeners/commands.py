@@ -24,9 +24,9 @@ from agent.keys import ApiKey, BadName, NameTaken
 from agent.policy import Policy, UnknownTool
 from agent.policy_cases import Outcome, decide
 from agent.workflow import Workflow
-from bot.blocks import escape
 from bot.deps import Deps
-from bot.listeners.fields import slack_id
+from bot.listeners.shared import slack_id
+from bot.safe_text import escape
 from storage.domain import CardState
 from storage.policy_spec import Rule, split_principals
 
