@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.workflow import Said
 from bot.safe_text import ELLIPSIS, MARKUP, clip, escape, fit, safe_cut
+from storage.domain import Said
 
 Block = dict[str, Any]
 Message = dict[str, Any]

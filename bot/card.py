@@ -11,19 +11,6 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from agent.workflow import (
-    Answered,
-    Approval,
-    Approved,
-    Denied,
-    Expired,
-    Finished,
-    History,
-    NotStarted,
-    Request,
-    Source,
-    Started,
-)
 from bot.block_kit import (
     HEADER_MAX,
     KEY_MAX,
@@ -46,6 +33,19 @@ from bot.block_kit import (
     utc,
 )
 from bot.safe_text import MARKUP, clip, escape, fit, inert, no_fence, warnings
+from storage.domain import (
+    Answered,
+    Approval,
+    Approved,
+    Denied,
+    Expired,
+    Finished,
+    History,
+    NotStarted,
+    Request,
+    Source,
+    Started,
+)
 
 FIELDS_MAX = 10
 VALUE_MAX = 300  # enough to read at a glance; the full JSON follows when a value is longer

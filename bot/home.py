@@ -20,7 +20,7 @@ from typing import Any
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import Approval, Thread, Workflow
+from agent.workflow import Workflow
 from bot.background import Background
 from bot.block_kit import (
     SECTION_MAX,
@@ -37,6 +37,7 @@ from bot.block_kit import (
 from bot.card import answer_button, decision_buttons, quorum_text
 from bot.people import People
 from bot.safe_text import fit
+from storage.domain import Approval, Thread
 
 log = logging.getLogger(__name__)
 
@@ -230,8 +231,8 @@ class HomeTabs:
 
     async def _publish(self, client: AsyncWebClient, team: str, user: str) -> None:
         facts = self._people.deciding(client, user, clicked_in=None, home=True)
-        inbox = await self._workflow.inbox(team, user, facts, scan=INBOX_SCAN)
-        own = await self._workflow.requested_by(team, user, limit=OWN_SCAN)
+        inbox = await self._workflow.reads.inbox(team, user, facts, scan=INBOX_SCAN)
+        own = await self._workflow.reads.requested_by(team, user, limit=OWN_SCAN)
         admin = await self._people.is_admin(client, user, team)
         policy = await self._summary(self._workflow, team) if admin else None
         cards = [
@@ -248,7 +249,7 @@ class HomeTabs:
             own=own,
             card_links=card_links,
             thread_links=thread_links,
-            editable=lambda tool: self._workflow.edit_form(tool) is not None,
+            editable=lambda tool: self._workflow.runtime.edit_form(tool) is not None,
             policy=policy,
             notice=self._notices.get((team, user)),
         )

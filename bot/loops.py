@@ -52,7 +52,7 @@ class Loops:
         while True:
             try:
                 streams = deps.delivery.streams(client)
-                report = await deps.workflow.sweep(on_text=streams)
+                report = await deps.workflow.follow_ups.sweep(on_text=streams)
                 if report.expired or report.resumed:
                     log.info(
                         "recovery sweep resumed %d turn(s), expired %d approval(s)",
@@ -73,7 +73,7 @@ class Loops:
         recorded as done by whichever replica gets there first, then done."""
         while True:
             try:
-                due = await self._deps.workflow.follow_ups()
+                due = await self._deps.workflow.follow_ups.due()
                 await self._deps.delivery.follow_ups(self._client, due)
             except Exception:
                 log.exception("follow-ups failed; trying again shortly")

@@ -9,12 +9,12 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
-from agent.workflow import Approval
 from bot.block_kit import Message, channel_mention, code, date, link, mention, summary, text_message
 from bot.safe_text import fit
+from storage.domain import Approval
 
 if TYPE_CHECKING:
-    from agent.workflow import Busy
+    from agent.outcomes import Busy
 
 REPLY_MAX = 39000
 MODEL_UNAVAILABLE = "The model is unavailable right now. Try again in a few minutes."

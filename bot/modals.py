@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent.context import Line
-from agent.workflow import Approval
 from bot.block_kit import (
     SECTION_MAX,
     Block,
@@ -23,6 +22,7 @@ from bot.block_kit import (
     section,
 )
 from bot.safe_text import escape, fit, no_fence, warnings
+from storage.domain import Approval
 
 MODAL_BLOCKS = 100
 PAGE_CHARS = 40_000  # of text per conversation page, well inside what a view may carry

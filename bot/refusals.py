@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import assert_never
 
-from agent.workflow import Answered, Approval, Approved, Denied, Expired, RefusalReason
 from bot.block_kit import code, date, mention
+from storage.domain import Answered, Approval, Approved, Denied, Expired, RefusalReason
 
 NOT_FOUND = "I can't find that approval request any more."
 

@@ -22,9 +22,9 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent import policy_file as policy_files
-from agent.approval import ToolTimeouts
 from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.files import FileTools
+from agent.gate import ToolTimeouts
 from agent.keys import ApiKeys
 from agent.limits import MessageLimits
 from agent.mcp_config import McpServers
@@ -145,7 +145,7 @@ class Service:
         mcp.team = await prepare_policy(app.client, workflow, s.APPROVER_CHANNEL, policy_file)
         web_app = slack_web_app(app, socket_mode=s.socket_mode, signing=signing)
         await self._gateway(web_app, deps, app.client)
-        probes = Probes(self._health, self.metrics, workflow.pending_by_tool)
+        probes = Probes(self._health, self.metrics, workflow.reads.pending_by_tool)
         probes.routes(web_app)
         await self._listen(web_app, app, probes)
         self._loops = Loops(deps, app.client, sweep_interval=s.RECOVERY_INTERVAL_SECONDS)

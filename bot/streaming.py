@@ -27,8 +27,9 @@ from slack_sdk.models.messages.chunk import MarkdownTextChunk
 from slack_sdk.web.async_chat_stream import AsyncChatStream
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import Progress, Thread
+from agent.outcomes import Progress
 from bot import messages, safe_text
+from storage.domain import Thread
 
 log = logging.getLogger(__name__)
 

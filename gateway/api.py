@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agent.keys import ApiKey, ApiKeys
 from gateway.calls import Caller, Gateway, OverLimit, status_of
 from gateway.mcp import bearer, unauthorized
-from storage.lifecycle import Approval, Finished, Started
+from storage.domain import Approval, Finished, Started
 
 BASE = "/api/v1"
 MAX_WAIT = 60  # seconds a GET may wait for the decision

@@ -18,8 +18,6 @@ ONE_FILE = {Path("storage/lifecycle.py")}  # the whole design of approvals, read
 # Reshaped on other branches right now; their cases may fail until those land, and the
 # coordinator drops these marks after the merge (issue 22).
 PENDING = {
-    "agent": pytest.mark.xfail(strict=False, reason="split-core: agent/ split by job"),
-    "storage": pytest.mark.xfail(strict=False, reason="split-core: storage/ split by job"),
     "gateway/calls.py": pytest.mark.xfail(strict=False, reason="gateway/: another branch"),
 }
 

@@ -16,7 +16,7 @@ from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import Approval, DecisionRefused
+from agent.outcomes import DecisionRefused
 from bot import forms, messages, modals, refusals
 from bot.deps import Deps
 from bot.listeners.shared import (
@@ -28,6 +28,7 @@ from bot.listeners.shared import (
     seen_in,
     settled,
 )
+from storage.domain import Approval
 
 
 def button(body: dict[str, Any]) -> object:
@@ -105,7 +106,7 @@ async def approve(
 ) -> None:
     facts = facts_for(deps, client, asked, home=home)
     try:
-        decided = await deps.workflow.decide(
+        decided = await deps.workflow.decisions.decide(
             asked.team, asked.approval_id, asked.user, approve=True, facts=facts, seen=seen
         )
     except DecisionRefused as refusal:
@@ -159,7 +160,8 @@ async def opening(
     if await too_fast(deps, client, asked, home=home):
         return None
     facts = facts_for(deps, client, asked, home=home)
-    check = deps.workflow.check_answerer if answers else deps.workflow.check_decider
+    decisions = deps.workflow.decisions
+    check = decisions.check_answerer if answers else decisions.check_decider
     try:
         approval = await check(asked.team, asked.approval_id, asked.user, facts)
         if not answers and seen_in(button(body)) != approval.version:
@@ -179,7 +181,7 @@ async def on_edit_approve(
     if (opened := await opening(deps, client, body)) is None:
         return
     approval = opened.approval
-    form = deps.workflow.edit_form(approval.request.tool)
+    form = deps.workflow.runtime.edit_form(approval.request.tool)
     if form is None:
         await tell(deps, client, opened.asked, messages.not_editable(approval), home=opened.home)
         return
@@ -209,7 +211,7 @@ async def on_show_request(
         return
     if await too_fast(deps, client, asked, home=home):
         return
-    approval = await deps.workflow.approval(asked.team, asked.approval_id)
+    approval = await deps.workflow.reads.approval(asked.team, asked.approval_id)
     if approval is None:
         await tell(deps, client, asked, refusals.refusal_text("not_found", None), home=home)
         return
@@ -260,7 +262,7 @@ async def conversation_view(
     """The modal's page `page`, or None (and the person told why) if they may not see it."""
     facts = facts_for(deps, client, asked, home=home)
     try:
-        approval, lines = await deps.workflow.conversation(
+        approval, lines = await deps.workflow.reads.conversation(
             asked.team, asked.approval_id, asked.user, facts
         )
     except DecisionRefused as refusal:
@@ -280,7 +282,7 @@ async def on_answer(
     await ack()
     if (opened := await opening(deps, client, body, answers=True)) is None:
         return
-    form = deps.workflow.question_form(opened.approval.request.tool)
+    form = deps.workflow.runtime.question_form(opened.approval.request.tool)
     view = modals.answer_modal(opened.approval, forms.form_blocks(form) if form else None)
     view["private_metadata"] = opened.metadata()
     await client.views_open(trigger_id=opened.trigger, view=view)

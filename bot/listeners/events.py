@@ -11,11 +11,12 @@ from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import AnsweredInThread, Thread
+from agent.outcomes import AnsweredInThread
 from bot import messages
 from bot.assistant import is_assistant_thread, title_of
 from bot.deps import Deps
 from bot.listeners.shared import message_ts, obj, settled, slack_id
+from storage.domain import Thread
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +93,9 @@ async def admitted(
     message), not a retry, within the message limits and the backlog; whoever is not
     served is told why, where that helps."""
     try:
-        if in_channel and not await deps.workflow.knows(thread):
+        if in_channel and not await deps.workflow.turns.knows(thread):
             return False
-        if not await deps.workflow.accept_event(event_id):
+        if not await deps.workflow.turns.accept_event(event_id):
             return False  # Slack's retry of an event already handled
         admission = await deps.limits.admit(thread.team_id, user)
     except Exception:
@@ -138,7 +139,7 @@ async def run_turn(
         deps.assistant.saw(thread)  # it has a status line (resumes will show it too)
     # The first message names the thread in the assistant's history (asked before the
     # turn makes the thread known).
-    if assistant and not await deps.workflow.knows(thread):
+    if assistant and not await deps.workflow.turns.knows(thread):
         titling = asyncio.create_task(title(client, thread, text))
     elif not assistant and posting is None:
         posting = asyncio.create_task(
@@ -149,7 +150,7 @@ async def run_turn(
     streams.open(thread, user, posting)
     viewing = deps.assistant.viewing(thread) if assistant else None
     try:
-        outcome = await deps.workflow.start_turn(
+        outcome = await deps.workflow.turns.start(
             thread, user, text, on_text=streams, viewing=viewing
         )
     finally:

@@ -19,9 +19,10 @@ from typing import Any, TypeGuard
 
 from slack_sdk.web.async_client import AsyncWebClient
 
+from agent.outcomes import Decided
 from agent.policy import ApproverFacts, Policy
-from agent.workflow import Approval, Decided
 from bot.deps import Deps
+from storage.domain import Approval
 
 SLACK_ID = re.compile(r"[A-Z0-9]{1,32}")  # team, enterprise, user and channel ids
 MESSAGE_TS = re.compile(r"[0-9]{1,16}\.[0-9]{1,15}")
@@ -119,7 +120,7 @@ async def settled(deps: Deps, client: AsyncWebClient, decided: Decided) -> None:
 
         async def resume() -> None:
             streams = deps.delivery.streams(client)
-            resumed = await deps.workflow.continue_turn(turn_id, on_text=streams)
+            resumed = await deps.workflow.turns.resume(turn_id, on_text=streams)
             if resumed is not None:
                 await deps.delivery.resumed(client, resumed, streams)
             await streams.close_rest()

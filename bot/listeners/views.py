@@ -9,7 +9,7 @@ from typing import Any
 from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import DecisionRefused, InvalidAnswer
+from agent.outcomes import DecisionRefused, InvalidAnswer
 from bot import forms, modals, refusals
 from bot.deps import Deps
 from bot.listeners.shared import Interaction, facts_for, in_modal, obj, seen_in, settled
@@ -51,7 +51,7 @@ async def on_deny_submitted(
     facts = facts_for(deps, client, asked, home=True)
     seen = seen_in(metadata(body).get("seen"))
     try:
-        decided = await deps.workflow.decide(
+        decided = await deps.workflow.decisions.decide(
             asked.team,
             asked.approval_id,
             asked.user,
@@ -76,12 +76,14 @@ async def on_answer_submitted(
     """The answer to a question: free text, or its tool's form; checked, then recorded once.
     Whatever is wrong is shown in the modal, next to the input it concerns."""
     opened = in_modal(body)
-    approval = await deps.workflow.approval(opened.team, opened.approval_id) if opened else None
+    approval = (
+        await deps.workflow.reads.approval(opened.team, opened.approval_id) if opened else None
+    )
     if opened is None or approval is None:
         await ack()
         return
     state = obj(obj(obj(body.get("view")).get("state")).get("values"))
-    form = deps.workflow.question_form(approval.request.tool)
+    form = deps.workflow.runtime.question_form(approval.request.tool)
     answer: Any
     if form is not None:
         answer, errors = forms.form_values(form, state)
@@ -94,7 +96,7 @@ async def on_answer_submitted(
         return
     facts = facts_for(deps, client, opened, home=True)  # asked of Slack again
     try:
-        decided = await deps.workflow.answer(
+        decided = await deps.workflow.decisions.answer(
             opened.team, opened.approval_id, opened.user, answer, facts=facts
         )
     except InvalidAnswer as invalid:
@@ -120,8 +122,10 @@ async def on_edit_submitted(
     approved once, if it is still the version the modal showed (fields left as they were
     keep their values exactly). A modal of an older version is shown the current one."""
     opened = in_modal(body)
-    approval = await deps.workflow.approval(opened.team, opened.approval_id) if opened else None
-    form = deps.workflow.edit_form(approval.request.tool) if approval else None
+    approval = (
+        await deps.workflow.reads.approval(opened.team, opened.approval_id) if opened else None
+    )
+    form = deps.workflow.runtime.edit_form(approval.request.tool) if approval else None
     if opened is None or approval is None or form is None:
         await ack()
         return
@@ -137,7 +141,7 @@ async def on_edit_submitted(
     fields = forms.properties(form)
     first = next(iter(fields), "")
     try:
-        decided = await deps.workflow.approve_with_changes(
+        decided = await deps.workflow.decisions.approve_with_changes(
             opened.team, opened.approval_id, opened.user, changed, facts=facts, seen=seen
         )
     except InvalidAnswer as invalid:

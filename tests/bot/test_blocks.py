@@ -15,10 +15,12 @@ from slack_sdk.models.blocks import Block
 from slack_sdk.models.views import View
 
 from agent.context import Line
-from agent.workflow import (
+from agent.outcomes import Busy
+from bot import block_kit, messages, modals, refusals, safe_text, terminal
+from bot.card import approval_card
+from storage.domain import (
     Approval,
     Approved,
-    Busy,
     Card,
     Context,
     Denied,
@@ -32,8 +34,6 @@ from agent.workflow import (
     Started,
     Thread,
 )
-from bot import block_kit, messages, modals, refusals, safe_text, terminal
-from bot.card import approval_card
 
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
 NASTY = "<!channel> <!here> <@U999> <!subteam^S1> & <https://evil.example|click>"
