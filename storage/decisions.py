@@ -51,7 +51,7 @@ _P = cast(sa.Table, PolicyRow.__table__)
 DECIDABLE = GET.add_columns(*(_P.c[f].label(f"policy_{f}") for f in POLICY_FIELDS)).outerjoin(
     _P, sa.and_(_P.c.team_id == A.c.team_id, _P.c.tool == A.c.tool)
 )
-_OTHERS_PENDING = (
+OTHERS_PENDING = (
     sa.select(sa.func.count())
     .where(
         SIBLING.c.turn_id == A.c.turn_id,
@@ -93,14 +93,14 @@ APPROVING = Atomic(
         edited_preview=sa.case((_EDITED.is_not(None), _EDITED_PREVIEW), else_=A.c.edited_preview),
         version=sa.case((_EDITED.is_not(None), A.c.version + 1), else_=A.c.version),
     )
-    .returning(A, _OTHERS_PENDING),
+    .returning(A, OTHERS_PENDING),
     NewRow(V, "vote_"),
     NOTE,
 )
 DENYING = Atomic(
     write(
         DENY, decided_by=sa.bindparam("by"), decided_at=NOW, reason=sa.bindparam("because")
-    ).returning(_OTHERS_PENDING),
+    ).returning(OTHERS_PENDING),
     NOTE,
 )
 # EDIT: a new version, its votes the editor's alone; in one transaction (edits are rare).
@@ -125,7 +125,7 @@ EDITORS_VOTE = sa.insert(V).values(
 ANSWERING = Atomic(
     write(
         ANSWER, decided_by=sa.bindparam("by"), decided_at=NOW, answer=sa.bindparam("answer")
-    ).returning(_OTHERS_PENDING),
+    ).returning(OTHERS_PENDING),
     NOTE,
 )
 EXPIRE_ONE = Atomic(write(EXPIRE, decided_at=NOW), NOTE)

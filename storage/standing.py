@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from storage import audit
 from storage.db import SessionFactory, autocommit
+from storage.decisions import OTHERS_PENDING
 from storage.domain import Approval, Approved, Standing, StandingState, Thread, TurnState
 from storage.lifecycle import (
     APPROVE,
@@ -58,7 +59,7 @@ GRANTING = Atomic(
         standing_until=sa.bindparam("until", type_=A.c.standing_until.type),
         standing_rule=sa.bindparam("rule", type_=A.c.standing_rule.type),
     )
-    .returning(A),
+    .returning(A, OTHERS_PENDING),
     NewRow(V, "vote_"),
     NOTE,
     NewRow(audit.TABLE, "granted_"),
@@ -105,10 +106,11 @@ class StandingStore:
 
     async def grant(
         self, approval: Approval, decision: Approved, *, seen: int, until: datetime, rule: str
-    ) -> Approval:
+    ) -> tuple[Approval, int]:
         """APPROVE version `seen` and GRANT a standing approval until `until` for calls
-        `rule` matches, audited, in one write. IllegalTransition (with the approval as it
-        is now) when either may not happen."""
+        `rule` matches, audited, in one write: the approval as it is now, and how many of
+        its turn's approvals still wait. IllegalTransition (with the approval as it is now)
+        when either may not happen."""
         standing = Standing(until=until, rule=rule)
         decided = replace(approval, decision=decision, standing=standing)
         params: dict[str, Any] = key(approval) | {"by": decision.by, "now": decision.at}
@@ -120,7 +122,7 @@ class StandingStore:
         params |= NOTE.params(audit_row(APPROVE, decided, decision.at))
         params |= NewRow(audit.TABLE, "granted_").params(audit_row(GRANT, decided, decision.at))
         if rows := await GRANTING.run(self._sessions, params):
-            return approval_of(rows[0]._mapping, approval.thread)
+            return approval_of(rows[0]._mapping, approval.thread), int(rows[0].others_pending)
         async with autocommit(self._sessions) as db:
             refused = await refusal(db, APPROVE, EXPLAIN_APPROVAL, params)
             if not refused.unmet and refused.current and refused.current.decision is None:
