@@ -100,6 +100,25 @@ class Gate:
             raise Interrupt({"why": f"{tool} needs approval (the approval given was not valid)"})
         return await self.run(approval, scope, params, ctx, next_fn)
 
+    async def run_covered(
+        self,
+        approval: Approval,
+        scope: TurnScope,
+        params: ToolHookParams,
+        ctx: GenerateMiddlewareContext,
+        next_fn: NextTool,
+    ) -> MultipartToolResponse:
+        """Run a call a standing approval approved as it was made (agent/standing.py): the
+        tool sees it as any approved call, its approval id (its idempotency key) and who
+        approved it in `resumed` metadata, and the standing approval it ran under."""
+        assert isinstance(approval.decision, Approved)
+        meta = {"tool_approved": True, "approval_id": approval.id}
+        meta |= {"approved_by": approval.decision.by, "standing": approval.under}
+        part = params.tool_request_part
+        resumed = part.model_copy(update={"metadata": (part.metadata or {}) | {"resumed": meta}})
+        approved = ToolHookParams(tool_request_part=resumed, tool=params.tool)
+        return await self.run(approval, scope, approved, ctx, next_fn)
+
     async def run(
         self,
         approval: Approval,

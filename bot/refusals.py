@@ -10,6 +10,10 @@ from bot.block_kit import code, date, mention
 from storage.domain import Answered, Approval, Approved, Denied, Expired, RefusalReason
 
 NOT_FOUND = "I can't find that approval request any more."
+REVOKERS = (
+    "Only the approver who granted this standing approval, an approver of its tool, or an "
+    "admin can revoke it."
+)
 
 
 def refusal_text(reason: RefusalReason, a: Approval | None) -> str:

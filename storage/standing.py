@@ -66,8 +66,9 @@ GRANTING = Atomic(
 )
 # The newest live grant a call matches, if any.
 MATCHING = LOCATED.where(TEAM, guard(USE)).order_by(None).order_by(A.c.decided_at.desc()).limit(1)
-_TURN, _CALL = NewRow(T, "t_"), NewRow(A, "call_")
-_REQUESTED, _APPROVED = NewRow(audit.TABLE, "requested_"), NewRow(audit.TABLE, "approved_")
+# Prefixes that make no column's name (an UPDATE would set a column its parameters name).
+_TURN, _CALL = NewRow(T, "t_"), NewRow(A, "new_")
+_REQUESTED, _APPROVED = NewRow(audit.TABLE, "e0_"), NewRow(audit.TABLE, "e1_")
 USING = Atomic(write(USE, standing_uses=A.c.standing_uses + 1), _TURN, _CALL, _REQUESTED, _APPROVED)
 REVOKING = Atomic(
     write(REVOKE, standing_revoked_by=sa.bindparam("by"), standing_revoked_at=NOW), NOTE
@@ -93,7 +94,7 @@ class Call:
             "call_requester": self.requester,
             "call_rule": self.rule,
             "conversation": self.conversation_id,
-            "participants": list(self.participants),
+            "call_participants": list(self.participants),
             "now": now,
         }
 

@@ -29,7 +29,7 @@ NOW = sa.bindparam("now", type_=A.c.expires_at.type)
 ROW_ID: sa.BindParameter[str] = sa.bindparam("row_id", type_=sa.String())  # the changed row
 SEEN = sa.bindparam("seen", type_=A.c.version.type)  # the version the approver saw
 # A call a standing approval may cover: who is part of its turn (none of them may approve it).
-PARTICIPANTS = sa.bindparam("participants", expanding=True, type_=A.c.decided_by.type)
+PARTICIPANTS = sa.bindparam("call_participants", expanding=True, type_=A.c.decided_by.type)
 
 # The SQL of each requirement of the lifecycle; a test checks that every one is here.
 REQUIREMENTS: Mapping[Requirement, sa.ColumnElement[bool]] = {

@@ -204,9 +204,10 @@ async def revoke(deps: Deps, client: AsyncWebClient, asked: Interaction, *, home
             is_admin=is_admin,
         )
     except DecisionRefused as refusal:
-        await tell(
-            deps, client, asked, refusals.refusal_text(refusal.reason, refusal.approval), home=home
-        )
+        text = refusals.refusal_text(refusal.reason, refusal.approval)
+        if refusal.reason not in ("standing_over", "not_found"):  # who may decide, or not
+            text = refusals.REVOKERS
+        await tell(deps, client, asked, text, home=home)
         if refusal.reason == "standing_over" and refusal.approval is not None:
             await deps.delivery.refresh_card(client, refusal.approval)
         return
