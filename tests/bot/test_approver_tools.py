@@ -435,6 +435,22 @@ async def test_after_the_hour_by_the_clock_the_next_call_gets_a_card(
 
 
 @pytest.mark.parametrize("policy", [RULES])
+async def test_list_and_explain_say_what_a_standing_approval_offers(
+    client: SlackClient, team: str, service: Service
+) -> None:
+    _, listed = await client.command(team, "UANYONE", "list")
+    assert "standing approvals of 1 h" in listed
+    _, small = await client.command(
+        team, "UANYONE", 'explain transferMoney {"amount": 5, "toAccount": "ACC-1"}'
+    )
+    assert "The card offers Approve for 1 h (a standing approval)" in small
+    _, huge = await client.command(
+        team, "UANYONE", 'explain transferMoney {"amount": 50000, "toAccount": "ACC-1"}'
+    )
+    assert "Needs 2 approvals" in huge and "Approve for" not in huge
+
+
+@pytest.mark.parametrize("policy", [RULES])
 async def test_a_request_that_needs_several_approvers_offers_no_standing_approval(
     client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
 ) -> None:
