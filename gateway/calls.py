@@ -268,6 +268,7 @@ class Gateway:
             expires_at=now + policy.timeout,
             participants=(key.user_id,),
             approvals_needed=policy.approvals,
+            note_required=policy.note_required,  # no standing approvals: none covers the gateway
             context=Context(
                 agent=None if words is None else Said(words[:SAID_MAX], len(words)),
                 history=history[tool],
