@@ -84,8 +84,8 @@ Versions: what is approved is what runs
     turns into exactly version 1's input.
 
     An Approve, a VOTE or an EDIT may carry the approver's note (Approve with note; Edit &
-    approve's): written with it (the vote's row, the approval's
-    `reason` once approved) and audited as `note`; the model gets it with the result.
+    approve's): written with it (the vote's row, the approval's `reason` once approved) and
+    audited as `note`; the model gets it with the result.
 
 Standing approvals: a card's Approve for <duration>, off unless the tool's policy says
 `standing:` (storage/domain.py Standing)
@@ -115,7 +115,7 @@ Standing approvals: a card's Approve for <duration>, off unless the tool's polic
     itself.
 
 Adding a state is a change to the enums and TRANSITIONS below, as the quorum, the card's
-outbox, reminders, escalation, questions and edits were:
+outbox, reminders, escalation, questions, edits and standing approvals were:
 storage derives its writes from them, and a new Requirement needs its SQL in
 storage/transitions.py's REQUIREMENTS (a test says so if it is missing).
 """
