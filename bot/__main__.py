@@ -4,7 +4,6 @@ migrations, the container's health probe, the Slack app manifest and the version
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from importlib import resources
 
@@ -43,6 +42,8 @@ def migrate() -> int:
             file=sys.stderr,
         )
         return 2
+    import asyncio
+
     from storage.db import make_engine
     from storage.migrate import upgrade
 
@@ -84,6 +85,8 @@ def manifest() -> int:
 
 def demo() -> int:
     """The offline demo, its PostgreSQL starting while Genkit and the rest are imported."""
+    import asyncio
+
     from storage import embedded
 
     try:
@@ -124,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     if args and args != ["serve"]:
         print(USAGE, file=sys.stderr)
         return 2
-    settings = settings_or_exit()
+    settings = settings_or_exit()  # first: a configuration error is told at once
+    import asyncio
+
     from bot.server import serve
 
     try:
