@@ -8,7 +8,6 @@ id, or another workspace's, is 404.
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any
 
@@ -17,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.keys import ApiKey, ApiKeys
 from gateway.calls import Caller, Gateway, OverLimit, status_of
-from storage.lifecycle import Approval, Finished, Started
+from storage.domain import Approval, Finished, Started
 
 BASE = "/api/v1"
 MAX_WAIT = 60  # seconds a GET may wait for the decision
@@ -87,7 +86,7 @@ class ApiDoor:
         app.router.add_delete(f"{BASE}/approvals/{ID}", self._cancel)
 
     async def _openapi(self, request: web.Request) -> web.Response:
-        return web.json_response(openapi())
+        return web.json_response(OPENAPI)
 
     async def _key(self, request: web.Request) -> ApiKey | None:
         key = await self._keys.authenticate(bearer(request))
@@ -210,86 +209,75 @@ def _answers(ok: tuple[int, str, dict[str, Any]], *codes: int) -> dict[str, Any]
 
 
 _ID_PARAM = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
-
-
-@functools.cache
-def openapi() -> dict[str, Any]:
-    """The API's OpenAPI document: made on the first request for it, as pydantic's JSON
-    schemas cost a tenth of a second of start-up."""
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "Greenlight approvals API", "version": "1"},
-        "components": {"securitySchemes": {"key": {"type": "http", "scheme": "bearer"}}},
-        "security": [{"key": []}],
-        "paths": {
-            f"{BASE}/approvals": {
-                "post": {
-                    "summary": "Ask for an approval (policy may allow it at once)",
-                    "requestBody": {
-                        "required": True,
-                        "content": {"application/json": {"schema": NewRequest.model_json_schema()}},
-                    },
-                    "responses": _answers(
-                        (
-                            201,
-                            "created",
-                            {
-                                "type": "object",
-                                "properties": {
-                                    "id": {"type": "string"},
-                                    "status": {"type": "string"},
-                                },
-                            },
-                        ),
-                        200,
-                        400,
-                        401,
-                        429,
-                    ),
-                }
-            },
-            f"{BASE}/approvals/{{id}}": {
-                "get": {
-                    "summary": "Read a request; wait up to `wait` seconds for its decision",
-                    "parameters": [
-                        _ID_PARAM,
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "Greenlight approvals API", "version": "1"},
+    "components": {"securitySchemes": {"key": {"type": "http", "scheme": "bearer"}}},
+    "security": [{"key": []}],
+    "paths": {
+        f"{BASE}/approvals": {
+            "post": {
+                "summary": "Ask for an approval (policy may allow it at once)",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": NewRequest.model_json_schema()}},
+                },
+                "responses": _answers(
+                    (
+                        201,
+                        "created",
                         {
-                            "name": "wait",
-                            "in": "query",
-                            "schema": {"type": "number", "minimum": 0, "maximum": MAX_WAIT},
+                            "type": "object",
+                            "properties": {"id": {"type": "string"}, "status": {"type": "string"}},
                         },
-                    ],
-                    "responses": _answers((200, "the request", _STATUS), 400, 401, 404),
-                },
-                "delete": {
-                    "summary": "Withdraw a pending request",
-                    "parameters": [_ID_PARAM],
-                    "responses": _answers(
-                        (200, "withdrawn", {"type": "object"}), 401, 403, 404, 409
                     ),
-                },
-            },
-            f"{BASE}/approvals/{{id}}/start": {
-                "post": {
-                    "summary": "Claim the approved call: act only after a 200",
-                    "parameters": [_ID_PARAM],
-                    "responses": _answers(
-                        (200, "yours to run, once", {"type": "object"}), 401, 403, 404, 409
-                    ),
-                }
-            },
-            f"{BASE}/approvals/{{id}}/finish": {
-                "post": {
-                    "summary": "Say how the call ended (shown on the card)",
-                    "parameters": [_ID_PARAM],
-                    "requestBody": {
-                        "required": True,
-                        "content": {"application/json": {"schema": Finish.model_json_schema()}},
+                    200,
+                    400,
+                    401,
+                    429,
+                ),
+            }
+        },
+        f"{BASE}/approvals/{{id}}": {
+            "get": {
+                "summary": "Read a request; wait up to `wait` seconds for its decision",
+                "parameters": [
+                    _ID_PARAM,
+                    {
+                        "name": "wait",
+                        "in": "query",
+                        "schema": {"type": "number", "minimum": 0, "maximum": MAX_WAIT},
                     },
-                    "responses": _answers(
-                        (200, "recorded", {"type": "object"}), 400, 401, 403, 404, 409
-                    ),
-                }
+                ],
+                "responses": _answers((200, "the request", _STATUS), 400, 401, 404),
+            },
+            "delete": {
+                "summary": "Withdraw a pending request",
+                "parameters": [_ID_PARAM],
+                "responses": _answers((200, "withdrawn", {"type": "object"}), 401, 403, 404, 409),
             },
         },
-    }
+        f"{BASE}/approvals/{{id}}/start": {
+            "post": {
+                "summary": "Claim the approved call: act only after a 200",
+                "parameters": [_ID_PARAM],
+                "responses": _answers(
+                    (200, "yours to run, once", {"type": "object"}), 401, 403, 404, 409
+                ),
+            }
+        },
+        f"{BASE}/approvals/{{id}}/finish": {
+            "post": {
+                "summary": "Say how the call ended (shown on the card)",
+                "parameters": [_ID_PARAM],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": Finish.model_json_schema()}},
+                },
+                "responses": _answers(
+                    (200, "recorded", {"type": "object"}), 400, 401, 403, 404, 409
+                ),
+            }
+        },
+    },
+}

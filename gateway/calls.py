@@ -23,23 +23,17 @@ from genkit import Part, ToolRequest
 from genkit._ai._tools import run_tool_request
 from genkit.middleware import MultipartToolResponse
 
-from agent.approval import (
-    DEFAULT_TOOL_TIMEOUTS,
-    ToolTimeouts,
-    execution_outcome,
-    input_errors,
-    jsonable,
-    recorded,
-)
 from agent.context import SAID_MAX
+from agent.gate import DEFAULT_TOOL_TIMEOUTS, ToolTimeouts, recorded
+from agent.inputs import input_errors, jsonable
+from agent.interrupts import HISTORY_DAYS
 from agent.keys import ApiKey
 from agent.limits import MessageLimits
-from agent.observer import Observer
+from agent.observer import Observer, execution_outcome
 from agent.policy_file import PROMPT_PREFIX as PROMPT_PREFIX
-from agent.workflow import HISTORY_DAYS, Workflow
+from agent.workflow import Workflow
 from storage.approval_store import ApprovalStore
-from storage.gateway_store import GATEWAY_CHANNEL, Exists, GatewayStore
-from storage.lifecycle import (
+from storage.domain import (
     Approval,
     Approved,
     Card,
@@ -49,7 +43,6 @@ from storage.lifecycle import (
     Expired,
     Finished,
     FollowUp,
-    IllegalTransition,
     ReminderState,
     Request,
     Said,
@@ -57,6 +50,8 @@ from storage.lifecycle import (
     Thread,
     Via,
 )
+from storage.gateway_store import GATEWAY_CHANNEL, Exists, GatewayStore
+from storage.lifecycle import IllegalTransition
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +251,7 @@ class Gateway:
         key's), else new; Exists when a request of that id is there already."""
         now, key = self._clock(), caller.key
         approval_id = approval_id or self._new_id()
-        history = await self._approvals.history(
+        history = await self._approvals.reads.history(
             key.team_id,
             key.user_id,
             [tool],
@@ -314,7 +309,9 @@ class Gateway:
                 left = (approval.request.expires_at - self._clock()).total_seconds()
                 if left <= 0:
                     with contextlib.suppress(IllegalTransition):
-                        expired = await self._approvals.expire(approval, now=self._clock())
+                        expired = await self._approvals.decisions.expire(
+                            approval, now=self._clock()
+                        )
                         await self._refresh_card(expired)
                     break
                 wait = asyncio.ensure_future(
@@ -338,13 +335,15 @@ class Gateway:
             self.decisions.forget(approval.id)
             await asyncio.shield(self._gone(approval))
             raise
-        current = await self._workflow.approval(approval.thread.team_id, approval.id) or approval
+        current = (
+            await self._workflow.reads.approval(approval.thread.team_id, approval.id) or approval
+        )
         return await self._act(current, action)
 
     async def _gone(self, approval: Approval) -> None:
         """The caller went away: the card says so, and nothing will run."""
         try:
-            current = await self._workflow.approval(approval.thread.team_id, approval.id)
+            current = await self._workflow.reads.approval(approval.thread.team_id, approval.id)
             marked = await self._store.caller_gone(current or approval)
             await self._refresh_card(marked)
         except Exception:
@@ -357,7 +356,7 @@ class Gateway:
                 args = approval.edit.input if approval.edit else r.input
                 changes = approval.edit.changes(r.input) if approval.edit else None
                 try:
-                    await self._approvals.start_execution(approval, now=self._clock())
+                    await self._approvals.executions.start_execution(approval, now=self._clock())
                 except IllegalTransition as refused:  # it ran (or began) already: the record
                     now = refused.current or approval
                     execution = now.execution
@@ -369,9 +368,11 @@ class Gateway:
                     output = args
                 else:
                     output = await self._run(action, r.tool, args, approval=approval, by=by)
-                await self._approvals.finish_execution(approval, output=output, now=self._clock())
+                await self._approvals.executions.finish_execution(
+                    approval, output=output, now=self._clock()
+                )
                 self._observer.executed(r.tool, execution_outcome(output))
-                done = await self._workflow.approval(approval.thread.team_id, approval.id)
+                done = await self._workflow.reads.approval(approval.thread.team_id, approval.id)
                 with contextlib.suppress(Exception):
                     await self._refresh_card(done or approval)
                 ok = execution_outcome(output) == "ok"
@@ -449,14 +450,14 @@ class Gateway:
             return found, False
         if allowed:
             now = self._clock()
-            approval, _ = await self._approvals.decide(
+            approval, _ = await self._approvals.decisions.decide(
                 approval, Approved(ALLOWED_BY, now, "allowed by policy")
             )
         return approval, True
 
     async def read(self, key: ApiKey, approval_id: str) -> Approval | None:
         """A request of the approvals API in the key's workspace (None: no such one)."""
-        found = await self._workflow.approval(key.team_id, approval_id)
+        found = await self._workflow.reads.approval(key.team_id, approval_id)
         if (
             found is None
             or found.request.context.via is None
@@ -480,14 +481,14 @@ class Gateway:
             and found.request.expires_at <= self._clock()
         ):
             with contextlib.suppress(IllegalTransition):
-                found = await self._approvals.expire(found, now=self._clock())
+                found = await self._approvals.decisions.expire(found, now=self._clock())
                 await self._refresh_card(found)
         return found
 
     async def start(self, approval: Approval) -> bool:
         """START_EXECUTION: True the first time for an approved request, False after."""
         try:
-            await self._approvals.start_execution(approval, now=self._clock())
+            await self._approvals.executions.start_execution(approval, now=self._clock())
         except IllegalTransition:
             return False
         return True
@@ -496,13 +497,13 @@ class Gateway:
         """FINISH_EXECUTION with what the caller says happened; the card shows it."""
         recorded_output = output if ok else {"ok": False, "output": output}
         try:
-            await self._approvals.finish_execution(
+            await self._approvals.executions.finish_execution(
                 approval, output=recorded_output, now=self._clock()
             )
         except IllegalTransition:
             return False
         self._observer.executed(approval.request.tool, "ok" if ok else "error")
-        done = await self._workflow.approval(approval.thread.team_id, approval.id)
+        done = await self._workflow.reads.approval(approval.thread.team_id, approval.id)
         with contextlib.suppress(Exception):
             await self._refresh_card(done or approval)
         return True
@@ -512,7 +513,7 @@ class Gateway:
         it is no longer pending."""
         now = self._clock()
         try:
-            done, _ = await self._approvals.decide(
+            done, _ = await self._approvals.decisions.decide(
                 approval, Denied(approval.request.requester, now, WITHDRAWN)
             )
         except IllegalTransition:

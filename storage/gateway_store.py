@@ -17,10 +17,11 @@ from typing import cast
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from storage.approval_store import CONTEXT, pause_params, paused_turn
 from storage.db import SessionFactory, autocommit
-from storage.lifecycle import Approval, ApprovalState, PausedTurn, TurnState
+from storage.domain import Approval, ApprovalState, PausedTurn, TurnState
 from storage.models import ApprovalRow, ConversationRow
+from storage.rows import CONTEXT
+from storage.turns import pause_params, paused_turn
 
 A = cast(sa.Table, ApprovalRow.__table__)
 C = cast(sa.Table, ConversationRow.__table__)
