@@ -67,6 +67,13 @@ def summary(results: dict[str, Any]) -> str:
             lines.append(
                 f"  target {name:<45}{verdict:>12}  ({_fmt(prov[key])} ms vs {prov[limit]})"
             )
+        for name, key in (
+            ("trace CPU, ms", "trace_cpu_ms"),
+            ("cold trace (first in a process), ms", "cold_trace_ms"),
+            ("cold trace CPU, ms", "cold_trace_cpu_ms"),
+        ):
+            if key in prov:
+                lines.append(f"  {name:<52}{_fmt(prov[key]):>12}")
     bot = results.get("bot")
     if isinstance(bot, dict):
         lines.append("bot")

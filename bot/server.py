@@ -50,7 +50,7 @@ from bot.settings import ConfigError, Settings
 from bot.startup import prepare_policy, read_policy_file
 from gateway.api import ApiDoor
 from gateway.calls import PROMPT_PREFIX, Gateway
-from gateway.mcp import PATH as MCP_PATH, McpDoor
+from gateway.mcp_route import PATH as MCP_PATH, LazyMcpDoor
 from storage import embedded
 from storage.approval_store import ApprovalStore
 from storage.db import make_engine, make_session_factory
@@ -213,7 +213,7 @@ class Service:
             tool_timeouts=workflow.tool_timeouts,
             limits=deps.limits,
         )
-        door = McpDoor(self.gateway, deps.keys)
+        door = LazyMcpDoor(self.gateway, deps.keys)
         await self._gateway_running.enter_async_context(door.running())
         for method in ("GET", "POST", "DELETE"):
             web_app.router.add_route(method, MCP_PATH, door.handle)

@@ -13,8 +13,6 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
 from agent.mcp_config import McpServers, parse_servers
 from agent.models import missing_plugins, provider, unknown_model
@@ -130,6 +128,9 @@ class Settings(BaseSettings):
     def _postgresql(cls, value: str | None) -> str | None:
         if value is None:
             return value
+        from sqlalchemy.engine import make_url  # only when set: a config error stays quick
+        from sqlalchemy.exc import ArgumentError
+
         try:
             url = make_url(value)
         except ArgumentError:

@@ -16,12 +16,25 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.keys import ApiKey, ApiKeys
 from gateway.calls import Caller, Gateway, OverLimit, status_of
-from gateway.mcp import bearer, unauthorized
 from storage.domain import Approval, Finished, Started
 
 BASE = "/api/v1"
 MAX_WAIT = 60  # seconds a GET may wait for the decision
 ID = r"{id:[0-9a-f-]{8,64}}"
+
+
+def bearer(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def unauthorized() -> web.Response:
+    return web.json_response(
+        {"error": "a valid API key is needed: Authorization: Bearer glk_…"},
+        status=401,
+        headers={"WWW-Authenticate": 'Bearer realm="greenlight"'},
+    )
 
 
 class _Strict(BaseModel):

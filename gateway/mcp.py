@@ -27,6 +27,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
 
 from agent.keys import ApiKey, ApiKeys
+from gateway.api import bearer, unauthorized
 from gateway.calls import (
     APPROVAL_PROMPT,
     Caller,
@@ -39,7 +40,6 @@ from gateway.calls import (
 
 log = logging.getLogger(__name__)
 
-PATH = "/mcp"
 PROMPT_SCHEMA = {
     "type": "object",
     "properties": {
@@ -55,20 +55,6 @@ PROMPT_DESCRIPTION = (
 )
 SCOPE_KEY = "greenlight.caller"
 WATCH_SECONDS = 0.5  # how often a waiting request's connection is looked at
-
-
-def bearer(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
-def unauthorized() -> web.Response:
-    return web.json_response(
-        {"error": "a valid API key is needed: Authorization: Bearer glk_…"},
-        status=401,
-        headers={"WWW-Authenticate": 'Bearer realm="greenlight"'},
-    )
 
 
 def _result(outcome: Outcome) -> types.CallToolResult:

@@ -313,6 +313,5 @@ class ApiKeyRow(Base):
             "name",
             unique=True,
             postgresql_where=sa.text("revoked_at IS NULL"),
-            sqlite_where=sa.text("revoked_at IS NULL"),
         ),
     )
