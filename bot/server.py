@@ -49,8 +49,11 @@ from bot.metrics import Metrics
 from bot.people import People
 from bot.settings import ConfigError, Settings
 from gateway.api import ApiDoor
+from gateway.callbacks import Deliveries, Reach
 from gateway.calls import PROMPT_PREFIX, Gateway
 from gateway.mcp import PATH as MCP_PATH, McpDoor
+from gateway.requests import Requests
+from gateway.sweep import GatewaySweep
 from storage import embedded
 from storage.approval_store import ApprovalStore
 from storage.db import make_engine, make_session_factory
@@ -278,12 +281,17 @@ class Service:
             observer=self.metrics,
             tool_timeouts=workflow.tool_timeouts,
             limits=deps.limits,
+            lease=timedelta(seconds=s.RESUME_LEASE_SECONDS),
         )
         door = McpDoor(self.gateway, deps.keys)
         await self._gateway_running.enter_async_context(door.running())
         for method in ("GET", "POST", "DELETE"):
             web_app.router.add_route(method, MCP_PATH, door.handle)
-        ApiDoor(self.gateway, deps.keys).routes(web_app)
+        requests, reach = Requests(self.gateway), Reach.of(s.CALLBACK_ALLOWED_NETWORKS)
+        ApiDoor(requests, deps.keys, reach).routes(web_app)
+        deliveries = Deliveries(self.gateway.store, reach, requests.body, clock=self._clock)
+        sweep = GatewaySweep(self.gateway, deliveries, clock=self._clock)
+        await self._gateway_running.enter_async_context(sweep.running())
         web_app.router.add_get("/healthz", self._healthz)
         web_app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(web_app, access_log=None)

@@ -15,8 +15,10 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.keys import ApiKey, ApiKeys
-from gateway.calls import Caller, Gateway, OverLimit, status_of
+from gateway.callbacks import BadCallback, Reach
+from gateway.calls import Caller, OverLimit
 from gateway.mcp import bearer, unauthorized
+from gateway.requests import Requests, shown, status_of
 from storage.lifecycle import Approval, Finished, Started
 
 BASE = "/api/v1"
@@ -33,6 +35,7 @@ class NewRequest(_Strict):
     input: dict[str, Any]
     context: str | None = Field(default=None, max_length=10_000)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    callback_url: str | None = Field(default=None, min_length=1, max_length=2048)
 
 
 class Finish(_Strict):
@@ -44,25 +47,17 @@ def problem(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
 
 
-def shown(approval: Approval) -> dict[str, Any]:
-    """A request as the API answers it."""
-    decision = approval.decision
-    by = getattr(decision, "by", None)
-    reason = getattr(decision, "reason", None)
-    body: dict[str, Any] = {
-        "id": approval.id,
-        "status": status_of(approval),
-        "decided_by": by,
-        "reason": reason,
-        "input": approval.edit.input if approval.edit else approval.request.input,
-    }
-    return body
+def invalid(exc: ValidationError) -> web.Response:
+    fields = {".".join(map(str, e["loc"])) or "body": e["msg"] for e in exc.errors()}
+    return problem(400, "invalid request", fields=fields)
 
 
 class ApiDoor:
-    def __init__(self, gateway: Gateway, keys: ApiKeys) -> None:
-        self._gateway = gateway
+    def __init__(self, requests: Requests, keys: ApiKeys, reach: Reach) -> None:
+        self._requests = requests
         self._keys = keys
+        self._reach = reach
+        self._observer = requests.observer
 
     def routes(self, app: web.Application) -> None:
         app.router.add_get(f"{BASE}/openapi.json", self._openapi)
@@ -78,7 +73,7 @@ class ApiDoor:
     async def _key(self, request: web.Request) -> ApiKey | None:
         key = await self._keys.authenticate(bearer(request))
         if key is None:
-            self._gateway.observer.gateway_call("api", "unauthorized")
+            self._observer.gateway_call("api", "unauthorized")
         return key
 
     async def _body(self, request: web.Request) -> Any:
@@ -92,28 +87,32 @@ class ApiDoor:
             return unauthorized()
         try:
             asked = NewRequest.model_validate(await self._body(request))
+            if asked.callback_url is not None:
+                self._reach.check(asked.callback_url)
         except ValidationError as exc:
-            fields = {".".join(map(str, e["loc"])) or "body": e["msg"] for e in exc.errors()}
-            return problem(400, "invalid request", fields=fields)
+            return invalid(exc)
+        except BadCallback as exc:
+            return problem(400, "invalid request", fields={"callback_url": str(exc)})
         try:
-            approval, new = await self._gateway.request(
+            approval, new = await self._requests.request(
                 Caller(key, "api"),
                 asked.tool,
                 asked.input,
                 words=asked.context,
                 idempotency_key=asked.idempotency_key,
+                callback_url=asked.callback_url,
             )
         except OverLimit:
-            self._gateway.observer.gateway_call("api", "over_limit")
+            self._observer.gateway_call("api", "over_limit")
             return problem(429, "too many requests this minute for this key's owner")
         status = status_of(approval)
-        self._gateway.observer.gateway_call("api", status if new else "repeated")
+        self._observer.gateway_call("api", status if new else "repeated")
         return web.json_response({"id": approval.id, "status": status}, status=201 if new else 200)
 
     async def _found(self, request: web.Request, *, own: bool) -> Approval | web.Response:
         if (key := await self._key(request)) is None:
             return unauthorized()
-        approval = await self._gateway.read(key, request.match_info["id"])
+        approval = await self._requests.read(key, request.match_info["id"])
         if approval is None:
             return problem(404, "no such approval request")
         if own and approval.request.requester != key.user_id:
@@ -129,7 +128,7 @@ class ApiDoor:
             return problem(400, "wait is a number of seconds, at most 60")
         if not 0 <= wait <= MAX_WAIT:
             return problem(400, "wait is a number of seconds, at most 60")
-        approval = await self._gateway.wait(key, request.match_info["id"], wait)
+        approval = await self._requests.wait(key, request.match_info["id"], wait)
         if approval is None:
             return problem(404, "no such approval request")
         return web.json_response(shown(approval))
@@ -138,7 +137,7 @@ class ApiDoor:
         found = await self._found(request, own=True)
         if isinstance(found, web.Response):
             return found
-        if status_of(found) != "approved" or not await self._gateway.start(found):
+        if status_of(found) != "approved" or not await self._requests.start(found):
             return problem(409, "not approved, or started already: do not act")
         return web.json_response(
             {"id": found.id, "status": "started", "input": shown(found)["input"]}
@@ -151,11 +150,10 @@ class ApiDoor:
         try:
             done = Finish.model_validate(await self._body(request))
         except ValidationError as exc:
-            fields = {".".join(map(str, e["loc"])) or "body": e["msg"] for e in exc.errors()}
-            return problem(400, "invalid request", fields=fields)
+            return invalid(exc)
         if not isinstance(found.execution, Started) or isinstance(found.execution, Finished):
             return problem(409, "not started (or finished already)")
-        if not await self._gateway.finish(found, ok=done.ok, output=done.output):
+        if not await self._requests.finish(found, ok=done.ok, output=done.output):
             return problem(409, "not started (or finished already)")
         return web.json_response({"id": found.id, "status": "finished"})
 
@@ -163,9 +161,9 @@ class ApiDoor:
         found = await self._found(request, own=True)
         if isinstance(found, web.Response):
             return found
-        if not await self._gateway.cancel(found):
+        if not await self._requests.cancel(found):
             return problem(409, "no longer pending")
-        self._gateway.observer.gateway_call("api", "cancelled")
+        self._observer.gateway_call("api", "cancelled")
         return web.json_response({"id": found.id, "status": "cancelled"})
 
 

@@ -6,6 +6,12 @@ SDK as ASGI, after checking the Bearer key (401 before the SDK sees anything). I
 the waiting call when its client went away: the SDK answers on an SSE stream and keeps
 running the handler after the stream drops, so the bridge watches the connection itself and
 puts an event in the request's scope that the handler reads.
+
+Any replica serves any request of a session: the SDK runs stateless (a fresh server session
+per request), and what a session must remember, whose key opened it and which client it is
+(from its initialize request, for the card), is a row (`mcp_sessions`) named by the
+`Mcp-Session-Id` this door gives on initialize. No GET stream: the server never speaks
+first; a waiting call's progress goes on its own response stream.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,7 +34,7 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
 
-from agent.keys import ApiKey, ApiKeys
+from agent.keys import ApiKeys
 from gateway.calls import (
     APPROVAL_PROMPT,
     Caller,
@@ -36,6 +44,7 @@ from gateway.calls import (
     OverLimit,
     UnknownTool,
 )
+from storage.gateway_store import McpSession
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +64,8 @@ PROMPT_DESCRIPTION = (
 )
 SCOPE_KEY = "greenlight.caller"
 WATCH_SECONDS = 0.5  # how often a waiting request's connection is looked at
+SESSION_HEADER = "Mcp-Session-Id"
+SESSIONS_CACHED = 10_000  # sessions' facts kept in memory (they never change)
 
 
 def bearer(request: web.Request) -> str | None:
@@ -69,6 +80,30 @@ def unauthorized() -> web.Response:
         status=401,
         headers={"WWW-Authenticate": 'Bearer realm="greenlight"'},
     )
+
+
+def no_session() -> web.Response:
+    """The spec's answer to an unknown session: the client initializes anew."""
+    error = {"code": types.INVALID_REQUEST, "message": "Session not found: initialize again"}
+    return web.json_response({"jsonrpc": "2.0", "id": None, "error": error}, status=404)
+
+
+def initialize_client(body: bytes) -> str | None:
+    """The client's name and version if `body` is an initialize request ("" if it names
+    none), else None."""
+    try:
+        message = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    for m in message if isinstance(message, list) else [message]:
+        if isinstance(m, dict) and m.get("method") == "initialize":
+            params = m.get("params")
+            info = params.get("clientInfo") if isinstance(params, dict) else None
+            if not isinstance(info, dict):
+                return ""
+            name, version = str(info.get("name", ""))[:120], str(info.get("version", ""))[:60]
+            return f"{name} {version}".strip()
+    return None
 
 
 def _result(outcome: Outcome) -> types.CallToolResult:
@@ -101,7 +136,8 @@ class McpDoor:
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
-        self._manager = StreamableHTTPSessionManager(app=self.server)
+        self._manager = StreamableHTTPSessionManager(app=self.server, stateless=True)
+        self._sessions: OrderedDict[str, McpSession] = OrderedDict()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -147,8 +183,10 @@ class McpDoor:
         caller: Caller | None = scope.get(SCOPE_KEY)
         if caller is None:  # never: the bridge puts it there for every request
             raise MCPError(types.INVALID_REQUEST, "no API key")
-        info = ctx.session.client_params.client_info if ctx.session.client_params else None
-        client = f"{info.name} {info.version}".strip() if info is not None else None
+        client = caller.client
+        if client is None and ctx.session.client_params is not None:
+            info = ctx.session.client_params.client_info
+            client = f"{info.name} {info.version}".strip()
         caller = Caller(caller.key, "mcp", client, caller.gone)
 
         async def progress(waited: float, message: str) -> None:
@@ -203,22 +241,58 @@ class McpDoor:
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        """/mcp: the key checked, then the SDK's transport, spoken through ASGI."""
+        """/mcp: the key checked, the session's facts found (or made, on initialize), then
+        the SDK's transport, spoken through ASGI."""
         key = await self._keys.authenticate(bearer(request))
         if key is None:
             self._gateway.observer.gateway_call("mcp", "unauthorized")
             return unauthorized()
-        return await AsgiBridge(request, key).serve(self._manager.handle_request)
+        if request.method == "GET":
+            return web.Response(status=405, headers={"Allow": "POST, DELETE"})
+        given = request.headers.get(SESSION_HEADER)
+        if request.method == "DELETE":
+            self._sessions.pop(given or "", None)
+            closed = given is not None and await self._gateway.store.close_session(given, key.id)
+            return web.Response(status=200) if closed else no_session()
+        body = await request.read()
+        opened: str | None = None
+        client = initialize_client(body)
+        if client is not None:
+            opened = uuid.uuid4().hex
+            session = McpSession(opened, key.team_id, key.id, client or None)
+            await self._gateway.store.open_session(session, now=self._gateway.clock())
+        elif given is not None:
+            found = await self._session(given)
+            if found is None or found.key_id != key.id:
+                return no_session()
+            client = found.client
+        caller = Caller(key, "mcp", client or None)
+        bridge = AsgiBridge(request, caller, body, session=opened)
+        return await bridge.serve(self._manager.handle_request)
+
+    async def _session(self, session_id: str) -> McpSession | None:
+        if (cached := self._sessions.get(session_id)) is not None:
+            self._sessions.move_to_end(session_id)
+            return cached
+        found = await self._gateway.store.session(session_id)
+        if found is not None:
+            self._sessions[session_id] = found
+            if len(self._sessions) > SESSIONS_CACHED:
+                self._sessions.popitem(last=False)
+        return found
 
 
 class AsgiBridge:
     """One aiohttp request served by an ASGI application (the SDK's transport)."""
 
-    def __init__(self, request: web.Request, key: ApiKey) -> None:
+    def __init__(
+        self, request: web.Request, caller: Caller, body: bytes, *, session: str | None = None
+    ) -> None:
         self._request = request
-        self._caller = Caller(key, "mcp")
+        self._caller = caller
+        self._body: bytes | None = body
+        self._session = session  # a session just opened: its id goes to the client
         self._response: web.StreamResponse | None = None
-        self._body_sent = False
 
     def scope(self) -> dict[str, Any]:
         r = self._request
@@ -243,9 +317,9 @@ class AsgiBridge:
         }
 
     async def receive(self) -> dict[str, Any]:
-        if not self._body_sent:
-            self._body_sent = True
-            return {"type": "http.request", "body": await self._request.read(), "more_body": False}
+        if self._body is not None:
+            body, self._body = self._body, None
+            return {"type": "http.request", "body": body, "more_body": False}
         # Then: until the client goes away.
         while True:
             transport = self._request.transport
@@ -261,6 +335,8 @@ class AsgiBridge:
             for name, value in headers:
                 if name.lower() != "content-length":
                     response.headers.add(name, value)
+            if self._session is not None and message["status"] == 200:
+                response.headers[SESSION_HEADER] = self._session
             self._response = response
             await response.prepare(self._request)
         elif message["type"] == "http.response.body" and self._response is not None:

@@ -1,0 +1,72 @@
+"""The gateway's own background work, in every replica: callbacks now due, callers whose
+process died while they waited (the card says they went away), and old MCP sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta
+
+from gateway.callbacks import Deliveries
+from gateway.calls import Gateway
+
+log = logging.getLogger(__name__)
+
+INTERVAL = 1.0  # seconds: how late a callback may be after its request is decided
+SESSIONS_KEPT = timedelta(days=30)  # an MCP session older than this initializes anew
+PRUNE_EVERY = 3600  # sweeps between two prunings of old sessions
+
+
+class GatewaySweep:
+    def __init__(
+        self,
+        gateway: Gateway,
+        deliveries: Deliveries,
+        *,
+        clock: Callable[[], datetime],
+        interval: float = INTERVAL,
+    ) -> None:
+        self._gateway = gateway
+        self._deliveries = deliveries
+        self._clock = clock
+        self._interval = interval
+
+    async def once(self, n: int = 0) -> None:
+        await self._deliveries.run()
+        await self.lost_callers()
+        if n % PRUNE_EVERY == 0:
+            await self._gateway.store.prune_sessions(before=self._clock() - SESSIONS_KEPT)
+
+    async def lost_callers(self) -> int:
+        """Requests whose waiting process died (its lease ran out): noted on their cards."""
+        store = self._gateway.store
+        lost = await store.lost_waiters(now=self._clock())
+        for team_id, approval_id in lost:
+            found = await self._gateway.workflow.approval(team_id, approval_id)
+            if found is not None:
+                await self._gateway.gone(found)
+        return len(lost)
+
+    async def _forever(self) -> None:
+        n = 0
+        while True:
+            try:
+                await self.once(n)
+            except Exception:
+                log.exception("the gateway's sweep failed; trying again shortly")
+            n += 1
+            await asyncio.sleep(self._interval)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        task = asyncio.create_task(self._forever(), name="gateway sweep")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await self._deliveries.close()
