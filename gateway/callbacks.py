@@ -181,6 +181,9 @@ class Deliveries:
                 error = f"HTTP {response.status}"
         except (BadCallback, Refused) as refused:
             error, final = str(refused), True
+        except aiohttp.ClientConnectorError as failed:  # the resolver's refusal comes so
+            refused_by = failed.os_error if isinstance(failed.os_error, Refused) else None
+            error, final = str(refused_by or type(failed).__name__), refused_by is not None
         except (aiohttp.ClientError, TimeoutError, OSError) as failed:
             error = type(failed).__name__
         await self._failed(owed, error or "failed", final=final)
