@@ -43,6 +43,7 @@ from agent.approval import (
 from agent.context import Line, as_provenance, conversation_lines, human_message
 from agent.observer import DecisionOutcome, Observer, TurnOutcomeName
 from agent.policy import ApproverFacts, Policy, PolicyService, Refusal, refusal
+from agent.prompt_edits import is_prompt, prompt_edited, prompt_form
 from agent.questions import answer_form, answered, form_errors
 from agent.runtime import AgentRuntime
 from storage.approval_store import ApprovalStore
@@ -605,8 +606,11 @@ class Workflow:
         ready = decided.decision is not None and others_pending == 0
         return Decided(decided, turn_ready=ready)
 
-    def edit_form(self, tool: str) -> dict[str, Any] | None:
-        """The JSON schema of `tool`'s input, for an approver's changes; None: no schema."""
+    def edit_form(self, tool: str, given: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The JSON schema of `tool`'s input, for an approver's changes; None: no schema. A
+        permission prompt's (`prompt.<tool>`) is made from its input, `given`."""
+        if is_prompt(tool):
+            return prompt_form(given)
         found = self._runtime.tools.get(tool)
         schema = found.input_schema if found is not None else None
         return schema if isinstance(schema, dict) and schema.get("properties") else None
@@ -634,9 +638,12 @@ class Workflow:
             raise DecisionRefused("changed", approval)
         r, current = approval.request, approval.current
         tool = self._runtime.tools.get(r.tool)
-        if tool is None:
+        if is_prompt(r.tool):
+            new, errors = prompt_edited(current.input, changed)
+        elif tool is None:
             raise InvalidAnswer({"input": "no such tool"})
-        new, errors = coerced(tool.action(), changed)
+        else:
+            new, errors = coerced(tool.action(), changed)
         if errors or not isinstance(new, dict):
             raise InvalidAnswer(errors or {"input": "an object is needed"})
         if same_value(new, current.input):  # nothing changed: a vote for what it is

@@ -389,7 +389,7 @@ class Delivery:
             return blocks.question_card(
                 approval, description=description, thread_link=thread_link, now=now, quotes=quotes
             )
-        editable = self._workflow.edit_form(r.tool) is not None
+        editable = self._workflow.edit_form(r.tool, approval.current.input) is not None
         return blocks.approval_card(
             approval,
             description=description,

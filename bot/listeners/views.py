@@ -116,7 +116,9 @@ async def on_edit_submitted(
     keep their values exactly). A modal of an older version is shown the current one."""
     opened = in_modal(body)
     approval = await deps.workflow.approval(opened[0], opened[3]) if opened else None
-    form = deps.workflow.edit_form(approval.request.tool) if approval else None
+    form = (
+        deps.workflow.edit_form(approval.request.tool, approval.current.input) if approval else None
+    )
     if opened is None or approval is None or form is None:
         await ack()
         return

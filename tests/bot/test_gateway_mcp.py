@@ -195,6 +195,36 @@ async def test_approval_prompt_denies_with_the_reason(
     assert "never" in answer["message"]
 
 
+async def test_approval_prompt_edit_and_approve_gives_the_edited_input(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str
+) -> None:
+    """A field per top-level key, labelled with it; text as text, the rest as JSON."""
+    from tests.bot.test_edits import open_edit
+
+    asked = {"tool_name": "Bash", "input": {"command": "rm -rf build", "timeout": 30}}
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        call = asyncio.create_task(mcp.call_tool("approval_prompt", asked))
+        card = await card_for(fake_slack)
+        opened = await open_edit(client, fake_slack, team, card)
+        fields = {b["block_id"]: b for b in opened.args["view"]["blocks"] if b["type"] == "input"}
+        assert [f["label"]["text"] for f in fields.values()] == ["command", "timeout"]
+        assert fields["command"]["element"]["initial_value"] == "rm -rf build"
+        assert fields["timeout"]["element"]["initial_value"] == "30"  # JSON
+        bad = {"timeout": {"value": {"type": "plain_text_input", "value": "{nope"}}}
+        status, answer = await client.submit(team, BOSS, opened.args["view"], bad)
+        assert status == 200 and "timeout" in answer and not call.done()
+        edited = {
+            "command": {"value": {"type": "plain_text_input", "value": "rm -rf build/tmp"}},
+            "timeout": {"value": {"type": "plain_text_input", "value": "60"}},
+        }
+        assert await client.submit(team, BOSS, opened.args["view"], edited) == (200, "")
+        result = await asyncio.wait_for(call, 30)
+    assert json.loads(result.content[0].text) == {  # type: ignore[union-attr]
+        "behavior": "allow",
+        "updatedInput": {"command": "rm -rf build/tmp", "timeout": 60},
+    }
+
+
 async def test_a_prompt_policy_allows_a_claude_code_tool(
     service: Service, client: SlackClient, fake_slack: FakeSlack, team: str
 ) -> None:
