@@ -24,6 +24,9 @@ from storage.lifecycle import Approval, Finished, Started
 BASE = "/api/v1"
 MAX_WAIT = 60  # seconds a GET may wait for the decision
 ID = r"{id:[0-9a-f-]{8,64}}"
+# http(s), a host (no credentials, no IPv6 literal) and a port that is one; where it may go
+# is the operator's to allow (gateway/callbacks.py), checked after this.
+CALLBACK_URL = r"^https?://[^/?#@:\s\[\]\\]+(:([1-9][0-9]{0,3}|[1-5][0-9]{4}))?([/?#]\S*)?$"
 
 
 class _Strict(BaseModel):
@@ -35,7 +38,9 @@ class NewRequest(_Strict):
     input: dict[str, Any]
     context: str | None = Field(default=None, max_length=10_000)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
-    callback_url: str | None = Field(default=None, min_length=1, max_length=2048)
+    callback_url: str | None = Field(
+        default=None, max_length=2048, pattern=CALLBACK_URL, json_schema_extra={"format": "uri"}
+    )
 
 
 class Finish(_Strict):
@@ -193,7 +198,12 @@ def _answers(ok: tuple[int, str, dict[str, Any]], *codes: int) -> dict[str, Any]
     return out
 
 
-_ID_PARAM = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+_ID_PARAM = {
+    "name": "id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[0-9a-f-]{8,64}$"},
+}
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {"title": "Greenlight approvals API", "version": "1"},
