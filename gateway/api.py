@@ -186,6 +186,13 @@ _STATUS = {
 }
 
 
+_MADE = {
+    "type": "object",
+    "properties": {"id": {"type": "string"}, "status": {"type": "string"}},
+    "required": ["id", "status"],
+}
+
+
 def _answers(ok: tuple[int, str, dict[str, Any]], *codes: int) -> dict[str, Any]:
     code, description, schema = ok
     json_of = {"application/json": {"schema": schema}}
@@ -217,20 +224,13 @@ OPENAPI: dict[str, Any] = {
                     "required": True,
                     "content": {"application/json": {"schema": NewRequest.model_json_schema()}},
                 },
-                "responses": _answers(
-                    (
-                        201,
-                        "created",
-                        {
-                            "type": "object",
-                            "properties": {"id": {"type": "string"}, "status": {"type": "string"}},
-                        },
-                    ),
-                    200,
-                    400,
-                    401,
-                    429,
-                ),
+                "responses": _answers((201, "created", _MADE), 400, 401, 429)
+                | {
+                    "200": {
+                        "description": "the same idempotency_key again: that request",
+                        "content": {"application/json": {"schema": _MADE}},
+                    }
+                },
             }
         },
         f"{BASE}/approvals/{{id}}": {

@@ -227,6 +227,10 @@ class Gateway:
             raise
         try:
             current = await self.workflow.approval(approval.thread.team_id, approval.id)
+            via = (current or approval).request.context.via
+            if via is not None and via.gone:  # given up for lost (its lease ran out): the
+                why = "given up for lost while it waited: nothing ran"  # card says so
+                return Outcome(False, None, why, None, current, "unknown")
             return await self._act(current or approval, action)
         finally:
             await self.waiters.release(approval.id)
@@ -260,16 +264,19 @@ class Gateway:
                 with contextlib.suppress(Exception):
                     await progress(waited, "waiting for approval in Slack")
 
-    async def gone(self, approval: Approval) -> None:
-        """The caller went away: the card says so, and nothing will run."""
+    async def gone(self, approval: Approval) -> bool:
+        """The caller went away: the card says so, and nothing will run. Whether that is
+        noted; if not, its lease is left to run out, and a sweep tries again."""
         try:
             current = await self.workflow.approval(approval.thread.team_id, approval.id)
             marked = await self.store.caller_gone(current or approval)
             await self.refresh_card(marked)
         except Exception:
             log.exception("could not note that the caller of %s went away", approval.id)
-        finally:
-            await self.waiters.release(approval.id)
+            self.waiters.drop(approval.id)
+            return False
+        await self.waiters.release(approval.id)
+        return True
 
     async def _act(self, approval: Approval, action: Any) -> Outcome:
         match approval.decision:

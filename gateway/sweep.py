@@ -35,28 +35,36 @@ class GatewaySweep:
         self._interval = interval
 
     async def once(self, n: int = 0) -> None:
-        await self._deliveries.run()
-        await self.lost_callers()
+        """Each job on its own: one failing (the database, Slack) does not stop the others."""
+        jobs = [self._deliveries.run, self.lost_callers]
         if n % PRUNE_EVERY == 0:
-            await self._gateway.store.prune_sessions(before=self._clock() - SESSIONS_KEPT)
+            jobs.append(self._prune)
+        for job in jobs:
+            try:
+                await job()
+            except Exception:
+                log.exception("the gateway's sweep failed (%s); trying again shortly", job)
+
+    async def _prune(self) -> int:
+        return await self._gateway.store.prune_sessions(before=self._clock() - SESSIONS_KEPT)
 
     async def lost_callers(self) -> int:
         """Requests whose waiting process died (its lease ran out): noted on their cards."""
-        store = self._gateway.store
-        lost = await store.lost_waiters(now=self._clock())
+        g = self._gateway
+        now = self._clock()
+        lost = await g.store.lost_waiters(now=now, lease_until=now + g.waiters.lease)
         for team_id, approval_id in lost:
-            found = await self._gateway.workflow.approval(team_id, approval_id)
-            if found is not None:
-                await self._gateway.gone(found)
+            found = await g.workflow.approval(team_id, approval_id)
+            if found is None:
+                await g.waiters.release(approval_id)
+            else:
+                await g.gone(found)
         return len(lost)
 
     async def _forever(self) -> None:
         n = 0
         while True:
-            try:
-                await self.once(n)
-            except Exception:
-                log.exception("the gateway's sweep failed; trying again shortly")
+            await self.once(n)
             n += 1
             await asyncio.sleep(self._interval)
 

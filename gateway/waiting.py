@@ -86,8 +86,16 @@ class Waiters:
     async def release(self, approval_id: str) -> None:
         """The caller got its answer, or its going away is noted: no lease is left."""
         self._held.discard(approval_id)
-        with contextlib.suppress(Exception):  # the lease runs out on its own
+        with contextlib.suppress(Exception):  # the lease runs out; a sweep notes it then
             await self._store.release_waiter(approval_id)
+
+    def drop(self, approval_id: str) -> None:
+        """No longer renewed: its lease runs out, and a sweep (any replica's) notes it."""
+        self._held.discard(approval_id)
+
+    @property
+    def lease(self) -> timedelta:
+        return self._lease
 
     async def _renew(self) -> None:
         while self._held:

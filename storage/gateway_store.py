@@ -91,9 +91,11 @@ CLAIM = (
     .values(claimed_until=sa.bindparam("lease_until"), attempts=CB.c.attempts + 1)
     .returning(CB.c.approval_id, CB.c.team_id, CB.c.url, CB.c.key_id, CB.c.attempts)
 )
+# Claimed for a lease, not deleted: the row goes once the card says the caller went away.
 LOST = (
-    sa.delete(W)
+    sa.update(W)
     .where(W.c.approval_id == A.c.id, W.c.until < sa.bindparam("now"))
+    .values(until=sa.bindparam("lease_until"))
     .returning(A.c.team_id, W.c.approval_id)
 )
 
@@ -230,11 +232,12 @@ class GatewayStore:
         async with autocommit(self._sessions) as db:
             await db.execute(sa.delete(W).where(W.c.approval_id == approval_id))
 
-    async def lost_waiters(self, *, now: datetime) -> list[tuple[str, str]]:
-        """(team, approval id) of the calls whose waiting process's lease ran out (it died):
-        taken off the list."""
+    async def lost_waiters(self, *, now: datetime, lease_until: datetime) -> list[tuple[str, str]]:
+        """(team, approval id) of the calls whose waiting process's lease ran out (it died),
+        each claimed until `lease_until` by the caller, who releases it once it is noted."""
+        params = {"now": now, "lease_until": lease_until}
         async with autocommit(self._sessions) as db:
-            return [(r.team_id, r.approval_id) for r in await db.execute(LOST, {"now": now})]
+            return [(r.team_id, r.approval_id) for r in await db.execute(LOST, params)]
 
     # -- MCP sessions, so that any replica serves any request of one ------------------------
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import httpx2
+import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import Implementation
@@ -22,8 +23,9 @@ from mcp.types import Implementation
 from agent.assemble import new_uuid, utc_now
 from agent.keys import ApiKeys
 from storage.db import make_engine, make_session_factory
+from storage.models import ApprovalRow
 from tests import ledger_tools
-from tests.bot.conftest import APPROVERS, SECRET, button_value, in_channel
+from tests.bot.conftest import APPROVERS, SECRET, approval_id_of, button_value, in_channel
 from tests.bot.test_faults import FAST_RECOVERY, BotProcess, bot_process
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini
@@ -60,6 +62,21 @@ async def approve(http: aiohttp.ClientSession, bot: BotProcess, team: str, card:
         message_blocks=card.args.get("blocks"),
     )
     assert (await sp.post_signed(http, bot.url, SECRET, *click))[0] == 200
+
+
+async def card_recorded(database: str, approval_id: str) -> None:
+    engine = make_engine(database)
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            async with make_session_factory(engine)() as db:
+                row = await db.get(ApprovalRow, approval_id)
+                if row is not None and row.card_ts:
+                    return
+            assert asyncio.get_running_loop().time() < deadline, "the card's ts, within 30 s"
+            await asyncio.sleep(0.05)
+    finally:
+        await engine.dispose()
 
 
 def about(tool: str) -> Any:
@@ -100,6 +117,9 @@ async def test_a_crash_while_a_call_waits_runs_nothing_and_api_requests_stay_val
             [card] = await fake_slack.wait_for(
                 "chat.postMessage", timeout=30, predicate=about("transferMoney")
             )
+            # Killed once the card's place is recorded (before that, it is the outbox's
+            # crash, tested in test_faults): the call waits, and its lease is held.
+            await card_recorded(bot_database, approval_id_of(card))
             assert await first.stop(signal.SIGKILL) == -signal.SIGKILL
             with contextlib.suppress(BaseException):  # the connection went with the process
                 await asyncio.wait_for(waiting, 30)
@@ -112,11 +132,14 @@ async def test_a_crash_while_a_call_waits_runs_nothing_and_api_requests_stay_val
         ) as second:
             await second.wait_healthy(http)
             # The dead process's lease ran out: the card says the caller went away.
-            await fake_slack.wait_for(
-                "chat.update",
-                timeout=30,
-                predicate=lambda c: "went away" in json.dumps(c.args.get("blocks")),
-            )
+            try:
+                await fake_slack.wait_for(
+                    "chat.update",
+                    timeout=30,
+                    predicate=lambda c: "went away" in json.dumps(c.args.get("blocks")),
+                )
+            except AssertionError as missing:
+                pytest.fail(f"{missing}\n{second.output()}")
             await approve(http, second, team, card)
             [decided] = await fake_slack.wait_for(
                 "chat.update",
