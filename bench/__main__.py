@@ -95,7 +95,7 @@ def summary(results: dict[str, Any]) -> str:
         lines.append(
             f"  target {'allowed_mcp_call_overhead_p50_lt_5ms':<45}{verdict:>12}  "
             f"({_fmt(call['overhead_ms_p50'])} ms vs {call['target_ms']}; "
-            f"{_fmt(call['over_bare_mcp_ms_p50'])} ms over a bare MCP server)"
+            f"load {gateway['load_average_1m']})"
         )
         lines.append(
             f"  {held['pending']} pending calls: RSS {held['before']['rss_mb']} -> "

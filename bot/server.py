@@ -72,6 +72,7 @@ SLACK_PATH = "/slack/events"
 # and reconnecting after a failure waits one (slack_sdk's SocketModeClient).
 SOCKET_PING_INTERVAL = 10.0
 HEALTH_TIMEOUT = 2.0  # seconds /healthz waits for the database before it answers 503
+COUNTER_POOL = 5  # connections for the message counters (their own engine, see Service)
 
 
 def signed_only(signing_secret: str) -> Middleware:
@@ -189,6 +190,14 @@ class Service:
         self._health = make_engine(
             settings.DATABASE_URL, pool_size=1, max_overflow=0, pool_timeout=HEALTH_TIMEOUT
         )
+        # Message counters commit without waiting for the disk (synchronous_commit off):
+        # a count is not worth an fsync, and a crash loses at most the last few. Every
+        # message and every gateway call makes one.
+        self._counters = make_engine(
+            settings.DATABASE_URL,
+            pool_size=COUNTER_POOL,
+            connect_args={"server_settings": {"synchronous_commit": "off"}},
+        )
         self.metrics = Metrics()
         self._runner: web.AppRunner | None = None
         self._socket: AsyncSocketModeHandler | None = None
@@ -238,7 +247,7 @@ class Service:
             background=background,
             clicks=ClickLimit(clock=self._clock),
             limits=MessageLimits(
-                make_session_factory(self._engine),
+                make_session_factory(self._counters),
                 clock=self._clock,
                 per_user=s.USER_MESSAGES_PER_MINUTE,
                 per_team=s.TEAM_MESSAGES_PER_MINUTE,
@@ -439,6 +448,7 @@ class Service:
             await self.app.client.session.close()  # after the turns: they post to Slack
         await self._engine.dispose()
         await self._health.dispose()
+        await self._counters.dispose()
 
     async def _healthz(self, request: web.Request) -> web.Response:
         """200 when the database answers and, in Socket Mode, a connection to Slack is up:

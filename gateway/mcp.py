@@ -88,13 +88,27 @@ def no_session() -> web.Response:
     return web.json_response({"jsonrpc": "2.0", "id": None, "error": error}, status=404)
 
 
-def initialize_client(body: bytes) -> str | None:
-    """The client's name and version if `body` is an initialize request ("" if it names
-    none), else None."""
+def parsed(body: bytes) -> Any:
+    """The JSON-RPC message(s) of a POST, or None (the SDK answers what is malformed)."""
     try:
-        message = json.loads(body)
+        return json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return None
+
+
+def quiet(message: Any) -> bool:
+    """Whether nothing but the answer will be sent for this POST: one request that asked for
+    no progress. Its answer is plain JSON, which costs both sides less than an SSE stream."""
+    if not isinstance(message, dict) or "id" not in message:
+        return False
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return not (isinstance(meta, dict) and "progressToken" in meta)
+
+
+def initialize_client(message: Any) -> str | None:
+    """The client's name and version if `message` is an initialize request ("" if it names
+    none), else None."""
     for m in message if isinstance(message, list) else [message]:
         if isinstance(m, dict) and m.get("method") == "initialize":
             params = m.get("params")
@@ -136,7 +150,12 @@ class McpDoor:
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
-        self._manager = StreamableHTTPSessionManager(app=self.server, stateless=True)
+        # Two ways to answer a POST: an SSE stream (progress while a call waits) and, for
+        # one that asked for no progress, plain JSON.
+        self._streamed = StreamableHTTPSessionManager(app=self.server, stateless=True)
+        self._plain = StreamableHTTPSessionManager(
+            app=self.server, stateless=True, json_response=True
+        )
         self._sessions: OrderedDict[str, McpSession] = OrderedDict()
 
     @contextlib.asynccontextmanager
@@ -146,7 +165,7 @@ class McpDoor:
         ready, stop = asyncio.Event(), asyncio.Event()
 
         async def run() -> None:
-            async with self._manager.run():
+            async with self._streamed.run(), self._plain.run():
                 ready.set()
                 await stop.wait()
 
@@ -255,8 +274,9 @@ class McpDoor:
             closed = given is not None and await self._gateway.store.close_session(given, key.id)
             return web.Response(status=200) if closed else no_session()
         body = await request.read()
+        message = parsed(body)
         opened: str | None = None
-        client = initialize_client(body)
+        client = initialize_client(message)
         if client is not None:
             opened = uuid.uuid4().hex
             session = McpSession(opened, key.team_id, key.id, client or None)
@@ -268,7 +288,8 @@ class McpDoor:
             client = found.client
         caller = Caller(key, "mcp", client or None)
         bridge = AsgiBridge(request, caller, body, session=opened)
-        return await bridge.serve(self._manager.handle_request)
+        manager = self._plain if quiet(message) else self._streamed
+        return await bridge.serve(manager.handle_request)
 
     async def _session(self, session_id: str) -> McpSession | None:
         if (cached := self._sessions.get(session_id)) is not None:
@@ -348,8 +369,19 @@ class AsgiBridge:
             except (ConnectionResetError, RuntimeError):
                 self._caller.gone.set()
 
+    async def _watch(self) -> None:
+        """The caller is gone once its connection closes, whether or not the SDK reads on."""
+        # aiohttp has no event for a peer that closed: its transport is looked at.
+        while (t := self._request.transport) is not None and not t.is_closing():  # noqa: ASYNC110
+            await asyncio.sleep(WATCH_SECONDS)
+        self._caller.gone.set()
+
     async def serve(self, app: Any) -> web.StreamResponse:
-        await app(self.scope(), self.receive, self.send)
+        watching = asyncio.create_task(self._watch())
+        try:
+            await app(self.scope(), self.receive, self.send)
+        finally:
+            watching.cancel()
         if self._response is None:
             return web.Response(status=500)
         return self._response
