@@ -196,6 +196,7 @@ class Service:
         self._counters = make_engine(
             settings.DATABASE_URL,
             pool_size=COUNTER_POOL,
+            max_overflow=0,
             connect_args={"server_settings": {"synchronous_commit": "off"}},
         )
         self.metrics = Metrics()
