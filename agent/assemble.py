@@ -1,4 +1,4 @@
-"""Wires store, policy, middleware, agent and workflow together: one place, used by all."""
+"""Wires store, policy, middleware, agent and the workflow's jobs together: one place for all."""
 
 from __future__ import annotations
 
@@ -6,17 +6,26 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from genkit.exp import Genkit
 
-from agent.approval import DEFAULT_TOOL_TIMEOUTS, Outside, ToolTimeouts, approval_middleware
+from agent.approval import Calls, approval_middleware
+from agent.decisions import Decisions
 from agent.files import FileTools
-from agent.observer import Observer
+from agent.follow_ups import FollowUps
+from agent.gate import DEFAULT_TOOL_TIMEOUTS, Gate, ToolTimeouts
+from agent.interrupts import Interrupts
+from agent.leases import LEASE, Leases
+from agent.observer import Observer, Watch
 from agent.policy import PolicyDefaults, PolicyService
+from agent.questions import answer_form
+from agent.reads import Reads
 from agent.runtime import AgentConfig, AgentRuntime, Preview, build_runtime
-from agent.workflow import LEASE, Workflow
+from agent.scope import Outside
+from agent.turns import Turns
+from agent.workflow import Workflow
 from storage.approval_store import ApprovalStore
 from storage.db import SessionFactory
 from storage.policies import PolicyStore
@@ -30,6 +39,15 @@ def utc_now() -> datetime:
 
 def new_uuid() -> str:
     return str(uuid.uuid4())
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long things may take: a lease, a model turn, an approved call."""
+
+    lease: timedelta = LEASE
+    turn_timeout: timedelta = timedelta(minutes=5)
+    tool_timeouts: ToolTimeouts = DEFAULT_TOOL_TIMEOUTS
 
 
 def build_workflow(
@@ -50,7 +68,7 @@ def build_workflow(
     keep_audit: timedelta = timedelta(days=400),
     model_calls: int | None = None,
 ) -> Workflow:
-    """`outside`: the hook a turn waits on the model or a tool in (see agent/approval.py);
+    """`outside`: the hook a turn waits on the model or a tool in (see agent/scope.py);
     `files`: the file tools to mount (agent/files.py), their reads allowed by default;
     `observer`: told of decisions, tool executions and turns (agent/observer.py);
     `keep_data`, `keep_audit`: what the sweep's retention keeps (storage/retention.py);
@@ -70,40 +88,60 @@ def build_workflow(
         clock=clock,
     )
     store = ApprovalStore(sessions)
+    gate = Gate(store.executions, clock, tool_timeouts, outside)
     previews: dict[str, Preview] = dict(files.previews())
-    questions: set[str] = set()
-    middleware = approval_middleware(
-        store=store,
-        policies=policies,
-        previews=previews,
-        questions=questions,
-        new_id=new_id,
-        clock=clock,
-        checks=files.checks(),
-        outside=outside,
-        observer=observer,
-        timeouts=tool_timeouts,
-        model_calls=asyncio.Semaphore(model_calls) if model_calls else None,
-    )
+    questions: set[str] = set()  # filled as the tools load
+    calls = Calls(policies, previews, questions, files.checks(), gate, outside)
+    cap = asyncio.Semaphore(model_calls) if model_calls else None
     runtime = build_runtime(
         config,
         store=SqlSessionStore(sessions),
-        middleware=middleware,
+        middleware=approval_middleware(calls, new_id=new_id, model_calls=cap),
         previews=previews,
         questions=questions,
         setup=setup,
         mounted=files.middleware(),
         mounted_tools=files.tools(),
     )
+    retention = Retention(sessions, keep=keep_data, keep_audit=keep_audit)
+    watch = Watch(observer or Observer(), clock)
+    timing = Timing(lease, turn_timeout, tool_timeouts)
+    return _workflow(runtime, store, policies, gate, retention, watch, timing, new_id)
+
+
+def _workflow(
+    runtime: AgentRuntime,
+    store: ApprovalStore,
+    policies: PolicyService,
+    gate: Gate,
+    retention: Retention,
+    watch: Watch,
+    timing: Timing,
+    new_id: Callable[[], str],
+) -> Workflow:
+    """The workflow's jobs, each given what it needs."""
+    clock = watch.clock
+    decisions = Decisions(runtime, store, policies, watch, clock)
+    turns = Turns(
+        runtime,
+        store,
+        Interrupts(store.reads, policies, clock, new_id),
+        decisions,
+        gate,
+        Leases(timing.lease, clock),
+        watch,
+        clock,
+        new_id,
+        timing.turn_timeout,
+        # The question tools whose answers are objects of a form (agent/questions.py).
+        frozenset(n for n, t in runtime.tools.items() if answer_form(t) is not None),
+    )
     return Workflow(
         runtime=runtime,
-        store=store,
         policies=policies,
-        retention=Retention(sessions, keep=keep_data, keep_audit=keep_audit),
-        clock=clock,
-        new_id=new_id,
-        lease=lease,
-        turn_timeout=turn_timeout,
-        observer=observer,
-        tool_timeouts=tool_timeouts,
+        turns=turns,
+        decisions=decisions,
+        follow_ups=FollowUps(store, policies, turns, retention, watch, clock),
+        reads=Reads(runtime, store, policies, clock),
+        tool_timeouts=timing.tool_timeouts,
     )

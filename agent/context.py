@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from genkit import Message, Part
 
-from storage.lifecycle import Context, Said, Source
+from storage.domain import Context, Said, Source
 
 AUTHOR = "greenlight"  # a human message's metadata key: {"by": "U…", "at": ISO 8601}
 SAID_MAX = 500  # characters of a human's or the agent's words kept on the request

@@ -11,15 +11,16 @@ The rules live here; storage keeps the rows and the Slack layer supplies facts a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from agent.context import as_provenance
 from agent.policy_file import PolicyFile, compiled
-from storage.lifecycle import Request
-from storage.policies import PolicyStore, StoredPolicy
+from storage.domain import Refusal, Request
+from storage.policies import PolicyStore
+from storage.policy_spec import Rule, StoredPolicy, ToolPolicy, split_principals
 
 if TYPE_CHECKING:
     import cel
@@ -65,63 +66,15 @@ class RuleError(Exception):
     """A rule's expression could not be evaluated for this call."""
 
 
-@dataclass(frozen=True)
-class Rule:
-    """`when` a call matches, what changes for it; None: unchanged."""
-
-    when: str
-    allow: bool | None = None
-    approvals: int | None = None
-    channel: str | None = None
-    approvers: tuple[str, ...] | None = None
-    timeout: timedelta | None = None
-    name: str | None = None  # what POLICY_FILE calls it: cards, explain, `policy test`
-
-    def label(self, number: int) -> str:
-        """`rule 2 (large transfers)`: how cards and replies name it."""
-        return f"rule {number} ({self.name})" if self.name else f"rule {number}"
-
-    def matches(self, call: cel.Context) -> bool:
-        """Whether the call (its `args`, `tool` and `requester`) matches."""
-        try:
-            result = compiled(self.when).execute(call)
-        except Exception as exc:  # a missing field, a wrong type, a syntax error in a row
-            raise RuleError(str(exc).splitlines()[0][:200]) from None
-        if not isinstance(result, bool):
-            raise RuleError(f"it gave {type(result).__name__}, not true or false")
-        return result
-
-    def as_stored(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"when": self.when}
-        for key in ("allow", "approvals", "channel", "name"):
-            if (value := getattr(self, key)) is not None:
-                out[key] = value
-        if self.approvers is not None:
-            out["approvers"] = list(self.approvers)
-        if self.timeout is not None:
-            out["timeout_seconds"] = int(self.timeout.total_seconds())
-        return out
-
-    @classmethod
-    def from_stored(cls, data: Mapping[str, Any]) -> Rule:
-        seconds = data.get("timeout_seconds")
-        approvers = data.get("approvers")
-        return cls(
-            when=str(data["when"]),
-            allow=data.get("allow"),
-            approvals=data.get("approvals"),
-            channel=data.get("channel"),
-            approvers=None if approvers is None else tuple(approvers),
-            timeout=None if seconds is None else timedelta(seconds=seconds),
-            name=data.get("name"),
-        )
-
-
-def split_principals(ids: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(users, user groups) of a list of both: groups' ids start with S."""
-    return tuple(i for i in ids if not i.startswith("S")), tuple(
-        i for i in ids if i.startswith("S")
-    )
+def matches(rule: Rule, call: cel.Context) -> bool:
+    """Whether the call (its `args`, `tool` and `requester`) matches `rule`."""
+    try:
+        result = compiled(rule.when).execute(call)
+    except Exception as exc:  # a missing field, a wrong type, a syntax error in a row
+        raise RuleError(str(exc).splitlines()[0][:200]) from None
+    if not isinstance(result, bool):
+        raise RuleError(f"it gave {type(result).__name__}, not true or false")
+    return result
 
 
 @dataclass(frozen=True)
@@ -186,7 +139,7 @@ class Policy:
         )
         for number, rule in enumerate(self.rules, 1):
             try:
-                hit = rule.matches(call)
+                hit = matches(rule, call)
             except RuleError as exc:
                 return self._strictest(
                     f"{rule.label(number)} (`{rule.when}`) could not be evaluated ({exc})", rule
@@ -225,7 +178,7 @@ class Policy:
             return replace(
                 self, rules=(), allowed=False, note=f"{failed}; it needs approval", failed=rule
             )
-        strict = replace(most, allow=False, timeout=None)
+        strict = most.model_copy(update={"allow": False, "timeout": None})
         number = self.rules.index(most) + 1
         return replace(
             self._applied(strict, note=""),
@@ -252,9 +205,6 @@ class ApproverFacts:
     public_escalation_channel: bool = False
     # A guest, or a person of another organisation (Slack Connect): never an approver.
     outsider: bool = False
-
-
-Refusal = Literal["self_approval", "participant", "outsider", "not_an_approver", "public_channel"]
 
 
 def refusal(
@@ -329,27 +279,23 @@ def effective(tool: str, stored: StoredPolicy | None, defaults: PolicyDefaults) 
             timeout=defaults.timeout,
             approvals=defaults.approvals,
         )
-    timeout = stored.timeout_seconds
+    approver_users, approver_groups = split_principals(stored.approvers)
     escalate_users, escalate_groups = split_principals(stored.escalate_approvers)
     return Policy(
         tool=tool,
         allowed=stored.allowed,
         channel=stored.channel or defaults.channel,
-        approver_users=stored.approver_users,
-        approver_groups=stored.approver_groups,
-        timeout=timedelta(seconds=timeout) if timeout else defaults.timeout,
+        approver_users=approver_users,
+        approver_groups=approver_groups,
+        timeout=stored.timeout or defaults.timeout,
         approvals=stored.approvals or defaults.approvals,
-        rules=tuple(Rule.from_stored(r) for r in stored.rules),
-        remind_after=_delta(stored.remind_after_seconds),
-        escalate_after=_delta(stored.escalate_after_seconds),
+        rules=stored.rules,
+        remind_after=stored.remind_after,
+        escalate_after=stored.escalate_after,
         escalate_to=stored.escalate_to,
         escalate_users=escalate_users,
         escalate_groups=escalate_groups,
     )
-
-
-def _delta(seconds: int | None) -> timedelta | None:
-    return None if seconds is None else timedelta(seconds=seconds)
 
 
 class PolicyService:
@@ -411,9 +357,12 @@ class PolicyService:
         for tool in [*known, *dict.fromkeys(named)]:
             if only is not None and tool not in only:
                 continue
-            wanted = from_file(tool, file)
+            if (wanted := from_file(tool, file)) is None:
+                continue
             current = await self._store.get(team_id, tool) or StoredPolicy(tool=tool)
-            changes = {k: v for k, v in wanted.items() if not _same(getattr(current, k), v)}
+            sets = wanted.model_fields_set - {"tool"}  # the fields the file sets
+            changes = {k: getattr(wanted, k) for k in sets}
+            changes = {k: v for k, v in changes.items() if getattr(current, k) != v}
             if changes:
                 await self.change(team_id, tool, by=POLICY_FILE_ACTOR, **changes)
                 changed.append(tool)
@@ -434,47 +383,12 @@ class PolicyService:
         return effective(tool, stored, self._defaults)
 
 
-def from_file(tool: str, file: PolicyFile) -> dict[str, Any]:
-    """The stored fields POLICY_FILE sets for `tool` (none when it does not name it)."""
+def from_file(tool: str, file: PolicyFile) -> StoredPolicy | None:
+    """The policy POLICY_FILE sets for `tool`, its fields set (`model_fields_set`) being
+    those the file sets: all of them for a tool it configures, `allowed` alone for one it
+    only allows; None when it does not name the tool."""
     spec = file.tools.get(tool)
     if spec is None:
-        return {"allowed": True} if tool in file.allow else {}
-    users, groups = split_principals(spec.approvers or [])
-    rules = [
-        Rule(
-            when=r.when,
-            allow=r.allow,
-            approvals=r.approvals,
-            channel=r.channel,
-            approvers=None if r.approvers is None else tuple(r.approvers),
-            timeout=r.timeout,
-            name=r.name,
-        ).as_stored()
-        for r in spec.rules
-    ]
-    return {
-        "allowed": tool in file.allow,
-        "channel": spec.channel,
-        "approver_users": list(users),
-        "approver_groups": list(groups),
-        "timeout_seconds": _seconds(spec.timeout),
-        "approvals": spec.approvals,
-        "rules": rules,
-        "remind_after_seconds": _seconds(spec.remind_after),
-        "escalate_after_seconds": _seconds(spec.escalate_after),
-        "escalate_to": spec.escalate_to,
-        "escalate_approvers": list(spec.escalate_approvers or []),
-    }
-
-
-def _seconds(value: timedelta | None) -> int | None:
-    return None if value is None else int(value.total_seconds())
-
-
-def _same(a: object, b: object) -> bool:
-    """Equal once tuples and lists are the same kind of thing."""
-    return bool(_listed(a) == _listed(b))
-
-
-def _listed(value: object) -> object:
-    return list(value) if isinstance(value, tuple) else value
+        return StoredPolicy(tool=tool, allowed=True) if tool in file.allow else None
+    kept = {k: getattr(spec, k) for k in ToolPolicy.model_fields}  # not its tool_timeout
+    return StoredPolicy(tool=tool, allowed=tool in file.allow, **kept)

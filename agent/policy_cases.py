@@ -18,10 +18,10 @@ import yaml
 from genkit import Action
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent.approval import input_errors
+from agent.inputs import input_errors
 from agent.policy import Policy, PolicyDefaults, effective, from_file
-from agent.policy_file import Duration, PolicyFile
-from storage.policies import StoredPolicy
+from agent.policy_file import PolicyFile
+from storage.policy_spec import Duration
 
 DEFAULT_REQUESTER = "U0REQUESTER"
 
@@ -79,11 +79,7 @@ def unknown(tool: str, known: Collection[str]) -> Outcome:
 
 def file_policy(tool: str, file: PolicyFile, defaults: PolicyDefaults) -> Policy:
     """The policy POLICY_FILE alone gives `tool`, as the bot applies it at start."""
-    fields = from_file(tool, file)
-    if not fields:
-        return effective(tool, None, defaults)
-    stored: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
-    return effective(tool, StoredPolicy(tool=tool, **stored), defaults)
+    return effective(tool, from_file(tool, file), defaults)
 
 
 class _Strict(BaseModel):

@@ -1,6 +1,7 @@
 """POLICY_FILE: the tool policy as code, read and checked once at start.
 
-The file is YAML of exactly the shape `PolicyFile` describes (README, "Policies"). Anything
+The file is YAML of exactly the shape `PolicyFile` describes (README, "Policies"); a tool's
+policy and its rules are storage/policy_spec.py's types, the ones the agent runs. Anything
 wrong with it (a key that does not belong, a bad duration, a CEL expression that does not
 compile, a tool the agent does not have) is a `PolicyFileError` naming the file, the line
 and the problem, so the bot refuses to start rather than run with a policy nobody wrote.
@@ -9,92 +10,36 @@ and the problem, so the bot refuses to start rather than run with a policy nobod
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Collection, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from agent.mcp_config import McpServers
+from storage.policy_spec import Duration, Quorum, Strict, ToolPolicy
 
 if TYPE_CHECKING:
     import cel
 
-DURATION = re.compile(r"^(\d{1,6})([smhd])$")
-UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
-CHANNEL = re.compile(r"^[CG][A-Z0-9]{2,}$")
 PROMPT_PREFIX = "prompt."  # Claude Code's tools, as the gateway's approval_prompt asks
-PRINCIPAL = re.compile(r"^[UWS][A-Z0-9]{2,}$")  # a user (U, W) or a user group (S)
 
 
-def duration(value: object) -> timedelta:
-    """`45s`, `15m`, `4h`, `2d`."""
-    match = DURATION.match(str(value).strip()) if isinstance(value, str | int) else None
-    if match is None:
-        raise ValueError(f"{value!r} is not a duration such as 45s, 15m, 4h or 2d")
-    return timedelta(**{UNITS[match.group(2)]: int(match.group(1))})
+class ToolSpec(ToolPolicy):
+    """POLICY_FILE's `tools.<tool>`: the tool's policy, and how long an approved call may
+    run (read at start, not stored)."""
 
-
-def _channel(value: object) -> str:
-    if not (isinstance(value, str) and CHANNEL.match(value)):
-        raise ValueError(f"{value!r} is not a channel ID such as C0123ABCD")
-    return value
-
-
-def _principals(value: object) -> list[str]:
-    if not isinstance(value, list):
-        raise ValueError("must be a list of user and user group IDs")
-    bad = [v for v in value if not (isinstance(v, str) and PRINCIPAL.match(v))]
-    if bad:
-        raise ValueError(f"not user (U…) or user group (S…) IDs: {bad}")
-    return value
-
-
-Duration = Annotated[timedelta, BeforeValidator(duration)]
-Channel = Annotated[str, BeforeValidator(_channel)]
-Principals = Annotated[list[str], BeforeValidator(_principals)]
-Quorum = Annotated[int, Field(ge=1, le=20)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RuleSpec(_Strict):
-    """First match wins: `when` is a CEL expression over `args`, `tool` and `requester`;
-    `name` is how cards, `/approvals explain` and `greenlight policy test` refer to it."""
-
-    name: Annotated[str, Field(min_length=1, max_length=80)] | None = None
-    when: str
-    allow: bool | None = None
-    approvals: Quorum | None = None
-    channel: Channel | None = None
-    approvers: Principals | None = None
-    timeout: Duration | None = None
-
-
-class ToolSpec(_Strict):
-    channel: Channel | None = None
-    approvers: Principals | None = None
-    approvals: Quorum | None = None
-    timeout: Duration | None = None  # to decide (the approval's)
     tool_timeout: Duration | None = None  # to run, once approved (else TOOL_TIMEOUT_SECONDS)
-    remind_after: Duration | None = None
-    escalate_after: Duration | None = None
-    escalate_to: Channel | None = None
-    escalate_approvers: Principals | None = None
-    rules: list[RuleSpec] = Field(default_factory=list)
 
 
-class Defaults(_Strict):
+class Defaults(Strict):
     approvals: Quorum | None = None
     timeout: Duration | None = None
 
 
-class PolicyFile(_Strict):
+class PolicyFile(Strict):
     defaults: Defaults = Field(default_factory=Defaults)
     allow: list[str] = Field(default_factory=list)
     tools: dict[str, ToolSpec] = Field(default_factory=dict)

@@ -8,14 +8,15 @@ again), in the same resume as the turn's approvals.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import jsonschema
-from genkit import Genkit, Tool
+from genkit import Genkit, GenkitError, Interrupt, Tool
 from pydantic import BaseModel, Field
 
-from storage.lifecycle import Answered, Approval, Asked, Expired
+from storage.domain import Answered, Approval, Asked, Expired
 
 ASK_HUMAN = "askHuman"
 ASK_HUMAN_PROMPT = (
@@ -43,6 +44,33 @@ def define_ask_human(ai: Genkit) -> Tool:
             "information or a decision you cannot get with your tools."
         ),
     )
+
+
+# Genkit 0.12 marks an interrupt tool nowhere: `define_interrupt` (`ai.define_interrupt`, or
+# the registry's, which alone takes `request_metadata`) registers an ordinary tool around a
+# handler of its own that only raises `Interrupt`. That handler is the one mark there is, so
+# it is what `is_interrupt` looks for, rather than replacing `ai.define_interrupt` while the
+# modules load (which missed the registry's). tests/agent/test_runtime.py fails if a Genkit
+# upgrade moves it.
+_INTERRUPT_HANDLER = "define_interrupt.<locals>.interrupt_wrapper"
+
+
+def is_interrupt(tool: Tool) -> bool:
+    """Whether Genkit's `define_interrupt` made `tool`: it only ever asks (a question)."""
+    registered = getattr(tool.action(), "_fn", None)
+    for cell in getattr(registered, "__closure__", None) or ():
+        with contextlib.suppress(ValueError):  # an empty cell
+            if getattr(cell.cell_contents, "__qualname__", None) == _INTERRUPT_HANDLER:
+                return True
+    return False
+
+
+def asking(exc: BaseException) -> dict[str, Any] | None:
+    """The metadata of the interrupt a tool raised (Genkit may wrap it), or None."""
+    found = exc.cause if isinstance(exc, GenkitError) else exc
+    if not isinstance(found, Interrupt):
+        return None
+    return found.metadata if isinstance(found.metadata, dict) else {}
 
 
 def asked(input: Any, metadata: Mapping[str, Any] | None = None) -> Asked:

@@ -13,7 +13,14 @@ from genkit.exp import Agent, Genkit, SessionStore
 from genkit.middleware import BaseMiddleware
 
 from agent.models import Credentials, Resilience, plugins
-from agent.questions import ASK_HUMAN, ASK_HUMAN_PROMPT, define_ask_human
+from agent.prompt_edits import is_prompt, prompt_form
+from agent.questions import (
+    ASK_HUMAN,
+    ASK_HUMAN_PROMPT,
+    answer_form,
+    define_ask_human,
+    is_interrupt,
+)
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful operations assistant working inside Slack. Use the tools you have to "
@@ -66,6 +73,27 @@ class AgentRuntime:
         found = self.tools.get(tool)
         return found.description or "" if found is not None else self.mounted.get(tool, "")
 
+    def note(self, tool: str) -> str:
+        """Where the tool comes from and what its server says it does (MCP tools), or ""."""
+        return self.notes.get(tool, "")
+
+    def asks(self, tool: str) -> bool:
+        """Whether `tool` only asks a person (agent/questions.py)."""
+        return tool in self.questions
+
+    def question_form(self, tool: str) -> dict[str, Any] | None:
+        """The JSON schema an answer to `tool`'s question must fit; None: free text."""
+        return answer_form(self.tools.get(tool))
+
+    def edit_form(self, tool: str, given: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The JSON schema of `tool`'s input, for an approver's changes; None: no schema. A
+        permission prompt's (`prompt.<tool>`) is made from its input, `given`."""
+        if is_prompt(tool):
+            return prompt_form(given)
+        found = self.tools.get(tool)
+        schema = found.input_schema if found is not None else None
+        return schema if isinstance(schema, dict) and schema.get("properties") else None
+
     def add_tool(self, tool: Tool, *, note: str) -> None:
         """Offer a tool registered after the agent was defined (an MCP server's)."""
         self.tools[tool.name] = tool
@@ -81,25 +109,15 @@ class AgentRuntime:
 class Loaded:
     tools: list[Tool] = field(default_factory=list)
     previews: dict[str, Preview] = field(default_factory=dict)
-    interrupts: set[str] = field(default_factory=set)  # defined with ai.define_interrupt
+    interrupts: set[str] = field(default_factory=set)  # made with define_interrupt
 
 
 def load_tools(ai: Genkit, modules: Sequence[str]) -> Loaded:
     """Import each module of AGENT_TOOLS, let it register its tools on `ai`, and take the
-    previews it offers (an optional `previews()`)."""
+    previews it offers (an optional `previews()`). Its interrupts are questions."""
     loaded = Loaded()
-    define_interrupt = ai.define_interrupt
-
-    def noting_interrupts(name: str, **options: Any) -> Tool:
-        """ai.define_interrupt, noting the name: such a tool only ever asks (a question)."""
-        loaded.interrupts.add(name)
-        return define_interrupt(name, **options)
-
-    ai.define_interrupt = noting_interrupts  # type: ignore[method-assign]
-    try:
-        _register(ai, modules, loaded)
-    finally:
-        del ai.define_interrupt  # the class's own again
+    _register(ai, modules, loaded)
+    loaded.interrupts.update(t.name for t in loaded.tools if is_interrupt(t))
     return _checked(loaded)
 
 

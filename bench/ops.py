@@ -45,13 +45,13 @@ from genkit.model import ModelRequest, ModelResponse
 from genkit_middleware import ToolApproval
 
 from agent.assemble import build_workflow, utc_now
+from agent.outcomes import AwaitingApproval
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import Approval, AwaitingApproval, Card, Request, Thread
 from bench.database import temporary_database
-from storage import approval_store
+from storage import rows, turns
 from storage.db import SessionFactory, autocommit, make_engine, make_session_factory
-from storage.lifecycle import PausedTurn
+from storage.domain import Approval, Card, PausedTurn, Request, Thread
 from storage.session_store import SqlSessionStore
 from tests.fakes import scripted_model as sm
 
@@ -110,7 +110,7 @@ async def run(database_url: str | None = None, n: int = 200) -> dict[str, Any]:
             return Thread(TEAM, "D0OPS", f"{run_id}.{i + 10_000_000}")
 
         async def paused(i: int) -> AwaitingApproval:
-            out = await workflow.start_turn(thread(i), "UEMP", "send 5 to 12345")
+            out = await workflow.turns.start(thread(i), "UEMP", "send 5 to 12345")
             assert isinstance(out, AwaitingApproval), out
             return out
 
@@ -118,10 +118,10 @@ async def run(database_url: str | None = None, n: int = 200) -> dict[str, Any]:
         sample = (await paused(-100)).approvals[0]
 
         async def seen_event(i: int) -> None:
-            await workflow.accept_event(f"Ev{run_id}{i}")
+            await workflow.turns.accept_event(f"Ev{run_id}{i}")
 
         async def approval(i: int) -> None:
-            await workflow.approval(TEAM, sample.id)
+            await workflow.reads.approval(TEAM, sample.id)
 
         async def policy(i: int) -> None:
             await workflow.policies.get(TEAM, "transferMoney")
@@ -147,7 +147,7 @@ async def run(database_url: str | None = None, n: int = 200) -> dict[str, Any]:
         results["workflow.start_turn → interrupt (turn 1)"] = await cpu_ms(start_turn, n)
 
         async def decide(i: int) -> None:
-            await workflow.decide(
+            await workflow.decisions.decide(
                 TEAM,
                 start_ids[i].approvals[0].id,
                 "UBOSS",
@@ -158,7 +158,7 @@ async def run(database_url: str | None = None, n: int = 200) -> dict[str, Any]:
         results["workflow.decide"] = await cpu_ms(decide, n)
 
         async def resume(i: int) -> None:
-            resumed = await workflow.continue_turn(start_ids[i].approvals[0].turn_id)
+            resumed = await workflow.turns.resume(start_ids[i].approvals[0].turn_id)
             assert resumed is not None
 
         results["workflow.continue_turn → reply (turn 2)"] = await cpu_ms(resume, n)
@@ -218,7 +218,7 @@ async def postgres_forms(
     """Storage's fast forms against the plain ones (and a pause, as the one statement)."""
     out: dict[str, dict[str, float]] = {}
     thread = sample.thread
-    held = await approval_store.ApprovalStore(sessions).hold_thread(
+    held = await turns.TurnStore(sessions).hold_thread(
         Thread(TEAM, "D0FORMS", "1.1"),
         author="UEMP",
         new_id=str(uuid.uuid4()),
@@ -233,8 +233,8 @@ async def postgres_forms(
             turn = PausedTurn(str(uuid.uuid4()), held.conversation_id, thread, "s", "p", now)
             request = Request("transferMoney", "r", {"amount": 5}, "UEMP", "why", now, now)
             approval = Approval(str(uuid.uuid4()), turn.id, thread, request, card=Card(CHANNEL))
-            params = approval_store.pause_params(turn, [approval])
-            await approval_store.paused_turn(1).run(sessions, params)
+            params = turns.pause_params(turn, [approval])
+            await turns.paused_turn(1).run(sessions, params)
 
         return step
 
@@ -244,11 +244,11 @@ async def postgres_forms(
 
     async def read_alone(i: int) -> None:
         async with autocommit(sessions) as db:
-            await db.execute(approval_store.GET, key)
+            await db.execute(rows.GET, key)
 
     async def read_in_transaction(i: int) -> None:
         async with sessions.begin() as db:
-            await db.execute(approval_store.GET, key)
+            await db.execute(rows.GET, key)
 
     out["approval read: autocommit"] = await cpu_ms(read_alone, n)
     out["approval read: a transaction"] = await cpu_ms(read_in_transaction, n)

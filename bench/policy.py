@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.policy import Policy, Rule
+from agent.policy import Policy
+from storage.policy_spec import Rule
 
 RESULTS = Path(__file__).parent / "results-policy.json"
 TARGET_MS = 0.2
@@ -27,10 +28,10 @@ RULES = 20
 def twenty_rules() -> Policy:
     """19 rules a typical call does not match, then one it does."""
     misses = [
-        Rule(f'args.amount > {100_000 + i} && args.toAccount.startsWith("{i:05d}")')
+        Rule(when=f'args.amount > {100_000 + i} && args.toAccount.startsWith("{i:05d}")')
         for i in range(RULES - 1)
     ]
-    hit = Rule('args.amount > 100 && requester != "" && tool == "transferMoney"', approvals=2)
+    hit = Rule(when='args.amount > 100 && requester != "" && tool == "transferMoney"', approvals=2)
     return Policy(tool="transferMoney", allowed=False, channel="C0FIN", rules=(*misses, hit))
 
 

@@ -55,14 +55,19 @@ OPERATIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("Home refresh", "bot/home.py", ()),
     ("permalinks", "bot/delivery.py", ("_permalink", "_lookup", "_ask", "_address", "link")),
     ("metrics observer", "bot/metrics.py", ()),
-    ("metrics observer", "agent/observer.py", ()),
+    ("metrics observer", "agent/observer.py", ("settled", "_turn_ended", "_executed")),
     ("streaming decision", "bot/streaming.py", ()),
     ("message-limit upsert", "agent/limits.py", ()),
-    ("heartbeat tasks", "agent/workflow.py", ("_keep_lease", "_keep_thread", "_heartbeat")),
+    ("heartbeat tasks", "agent/leases.py", ("_beat",)),
     ("session load", "storage/session_store.py", ("get_snapshot",)),
     ("session save", "storage/session_store.py", ("save_snapshot",)),
 )
-STORES = ("storage/approval_store.py", "storage/policies.py", "storage/retention.py")
+STORES = (
+    *(f"storage/{m}.py" for m in ("turns", "decisions", "executions", "follow_ups", "reads")),
+    "storage/rows.py",
+    "storage/policies.py",
+    "storage/retention.py",
+)
 SLACK = "slack_sdk/web/async_client.py"
 IDLE = (("select", "selectors.py"), ("_run_once", "asyncio/base_events.py"))
 

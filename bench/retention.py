@@ -29,12 +29,13 @@ from typing import Any
 from sqlalchemy import text
 
 from agent.assemble import build_workflow, utc_now
+from agent.outcomes import AwaitingApproval, Resumed
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import AwaitingApproval, Resumed, Thread
 from bench.database import temporary_database
 from bench.ops import scripted
 from storage.db import SessionFactory, make_engine, make_session_factory
+from storage.domain import Thread
 from storage.retention import Purged, Retention
 
 RESULTS = Path(__file__).parent / "results-retention.json"
@@ -141,14 +142,15 @@ async def load(
                 return
             thread = Thread(TEAM, "D0NEW", f"{tag}.{i}")
             t0 = time.perf_counter()
-            out = await timed("message", workflow.start_turn(thread, "UEMP", "send 5"))
+            out = await timed("message", workflow.turns.start(thread, "UEMP", "send 5"))
             assert isinstance(out, AwaitingApproval), out
             approval = out.approvals[0]
             facts = ApproverFacts(in_channel=True)
             await timed(
-                "approve", workflow.decide(TEAM, approval.id, "UBOSS", approve=True, facts=facts)
+                "approve",
+                workflow.decisions.decide(TEAM, approval.id, "UBOSS", approve=True, facts=facts),
             )
-            resumed = await timed("resume", workflow.continue_turn(approval.turn_id))
+            resumed = await timed("resume", workflow.turns.resume(approval.turn_id))
             assert isinstance(resumed, Resumed), resumed
             samples["total"].append((time.perf_counter() - t0) * 1000)
 

@@ -1,6 +1,9 @@
-"""`python -m bot` (or `greenlight`) serves Slack; its subcommands are the operator's other
-entry points: the offline demo, the audit export, `policy check|test` (a POLICY_FILE, offline),
-migrations, the container's health probe, the Slack app manifest and the version."""
+"""The `greenlight` command (`python -m bot`): it serves Slack, and has the operator's other
+entry points.
+
+Those are its subcommands: the offline demo, the audit export, `policy check|test` (a
+POLICY_FILE, offline), migrations, the container's health probe, the Slack app manifest and
+the version."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from slack_sdk.http_retry.response import HttpResponse
 from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.approval import Outside
+from agent.scope import Outside
 from bot import listeners
 from bot.deps import Deps
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # settings read this module: it stays light to import
-    from agent.workflow import Thread
+    from storage.domain import Thread
 
 THREADS_KEPT = 10_000
 TITLE_MAX = 60

@@ -107,7 +107,7 @@ class Background:
     @contextlib.asynccontextmanager
     async def outside(self) -> AsyncIterator[None]:
         """Wait on something outside this process (the model, a tool) in here: the hook
-        the agent is given at wiring time (agent.approval.Outside).
+        the agent is given at wiring time (agent.scope.Outside).
 
         The slot is given up while any of the piece's tasks waits outside (a turn may call
         tools in parallel) and taken back, once, when the last of them returns. Outside

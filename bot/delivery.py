@@ -16,23 +16,23 @@ import aiohttp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import (
+from agent.outcomes import (
     AnsweredInThread,
-    Approval,
     AwaitingApproval,
     Busy,
     Due,
     Failed,
-    FollowUps,
+    Owed,
     Reply,
     Resumed,
     SweepReport,
-    Thread,
     TurnOutcome,
-    Workflow,
 )
-from bot import blocks
+from agent.workflow import Workflow
+from bot import messages
+from bot.card import approval_card, question_card
 from bot.streaming import ReplyStream, Streams
+from storage.domain import Approval, Thread
 
 log = logging.getLogger(__name__)
 
@@ -93,15 +93,15 @@ class Delivery:
                 return
             placeholder = closed.replace
         if isinstance(outcome, Reply):
-            message = blocks.reply_message(outcome.text)
+            message = messages.reply_message(outcome.text)
         elif isinstance(outcome, AwaitingApproval):
             message = await self._post_cards(client, outcome.approvals)
         elif isinstance(outcome, Busy):
-            message = blocks.busy_message(outcome)
+            message = messages.busy_message(outcome)
         elif isinstance(outcome, AnsweredInThread):
-            message = blocks.answer_taken()
+            message = messages.answer_taken()
         else:
-            message = blocks.failure_message(outcome.retrying, outcome.model_unavailable)
+            message = messages.failure_message(outcome.retrying, outcome.model_unavailable)
         await self.say(client, outcome.thread, message, replace=placeholder)
         # An assistant thread's status line says what the turn waits for; set after the
         # note, since a post clears it.
@@ -178,7 +178,7 @@ class Delivery:
                 link = await self._permalink(client, approval.thread)
                 await self._post_card(client, approval, link)
             elif found:
-                await self._workflow.card_posted(approval, ts=found)
+                await self._workflow.follow_ups.card_posted(approval, ts=found)
         for approval in report.expired:
             await self.refresh_card(client, approval, final=True)
         for resumed in report.resumed:
@@ -195,7 +195,8 @@ class Delivery:
         """
         if not final:
             approval = (
-                await self._workflow.approval(approval.thread.team_id, approval.id) or approval
+                await self._workflow.reads.approval(approval.thread.team_id, approval.id)
+                or approval
             )
         if self._on_change is not None:
             self._on_change(client, approval)
@@ -219,7 +220,7 @@ class Delivery:
             except SlackApiError as exc:
                 log.error("could not update card %s: %s", approval.id, exc.response.get("error"))
 
-    async def follow_ups(self, client: AsyncWebClient, due: FollowUps) -> None:
+    async def follow_ups(self, client: AsyncWebClient, due: Owed) -> None:
         """Do the reminders and escalations this process now owes (each recorded as done)."""
         for reminder in due.reminders:
             await self._remind(client, reminder)
@@ -233,12 +234,12 @@ class Delivery:
         card = approval.card
         if card is None or card.ts is None:
             return  # never posted: the requester was told, and there is nothing to remind of
-        text = blocks.reminder_text(approval, policy.approver_users, policy.approver_groups)
+        text = messages.reminder_text(approval, policy.approver_users, policy.approver_groups)
         await self.say(client, Thread("", card.channel, card.ts), text)
         in_thread = approval.thread.thread_ts if approval.request.asks == "requester" else None
         link = await self._permalink(client, Thread("", card.channel, card.ts), in_thread=in_thread)
         for user in policy.approver_users:
-            note = blocks.reminder_dm(approval, link)
+            note = messages.reminder_dm(approval, link)
             try:
                 await client.chat_postMessage(
                     channel=user, unfurl_links=False, unfurl_media=False, **note
@@ -263,7 +264,7 @@ class Delivery:
         except SlackApiError as exc:
             log.error("could not escalate %s: %s", approval.id, exc.response.get("error"))
             return
-        await self._workflow.escalation_posted(approval, ts=str(posted["ts"]))
+        await self._workflow.follow_ups.escalation_posted(approval, ts=str(posted["ts"]))
         await self.refresh_card(client, approval)  # the first card says it was escalated
 
     async def say(
@@ -300,7 +301,7 @@ class Delivery:
         thread_link = await self._permalink(client, approvals[0].thread) if approvals else None
         for approval in approvals:
             links.append(await self._post_card(client, approval, thread_link))
-        return blocks.requester_note(list(approvals), card_links=links)
+        return messages.requester_note(list(approvals), card_links=links)
 
     async def post_card(self, client: AsyncWebClient, approval: Approval) -> None:
         """The card of a request with no Slack thread behind it (the gateway's), through the
@@ -330,14 +331,14 @@ class Delivery:
             error = exc.response.get("error")
             log.error("could not post card %s: %s", approval.id, error)
             if error not in TRANSIENT:  # for good: the requester must hear of it
-                await self._workflow.card_failed(approval)
-                await self.say(client, approval.thread, blocks.card_failed_message(approval))
+                await self._workflow.follow_ups.card_failed(approval)
+                await self.say(client, approval.thread, messages.card_failed_message(approval))
             return None
         except aiohttp.ClientError as exc:  # after the client's retries; a sweep tries again
             log.error("could not post card %s: %r", approval.id, exc)
             return None
         ts = str(posted["ts"])
-        await self._workflow.card_posted(approval, ts=ts)
+        await self._workflow.follow_ups.card_posted(approval, ts=ts)
         in_thread = approval.thread.thread_ts if asks_requester else None
         return await self._permalink(client, Thread("", channel, ts), in_thread=in_thread)
 
@@ -379,24 +380,24 @@ class Delivery:
         named), anyone in the workspace can read it, so it quotes nothing of the
         conversation (Show conversation, for those who may decide, still does)."""
         r, now = approval.request, self._clock()
-        description = self._workflow.describe(r.tool)
+        description = self._workflow.runtime.describe(r.tool)
         quotes = (
             self._is_private is None
             or channel == approval.thread.channel_id  # the requester's own thread
             or await self._is_private(client, channel)
         )
         if r.question:
-            return blocks.question_card(
+            return question_card(
                 approval, description=description, thread_link=thread_link, now=now, quotes=quotes
             )
-        editable = self._workflow.edit_form(r.tool, approval.current.input) is not None
-        return blocks.approval_card(
+        editable = self._workflow.runtime.edit_form(r.tool, approval.current.input) is not None
+        return approval_card(
             approval,
             description=description,
             thread_link=thread_link,
             now=now,
             editable=editable,
-            note=self._workflow.note(r.tool),
+            note=self._workflow.runtime.note(r.tool),
             quotes=quotes,
         )
 

@@ -13,19 +13,15 @@ from genkit.exp import Genkit
 from genkit.model import Message, ModelRequest, ModelResponse
 
 from agent.assemble import build_workflow, utc_now
+from agent.outcomes import AnsweredInThread, AwaitingApproval, Reply, TurnOutcome
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import (
-    AnsweredInThread,
-    AwaitingApproval,
-    Reply,
-    Thread,
-    TurnOutcome,
-    Workflow,
-)
-from bot import blocks
+from agent.workflow import Workflow
+from bot.card import approval_card, question_card
+from bot.terminal import card_as_text
 from storage import embedded
 from storage.db import make_engine, make_session_factory
+from storage.domain import Thread
 from storage.migrate import upgrade
 
 TEAM, EMPLOYEE, APPROVER, CHANNEL = "TDEMO", "UEMPLOYEE", "UAPPROVER", "CAPPROVALS"
@@ -82,34 +78,34 @@ async def one_request(
     changes: dict[str, Any] | None = None,
 ) -> None:
     show(f"{EMPLOYEE} (employee, in a DM)", text)
-    outcome: TurnOutcome = await workflow.start_turn(Thread(TEAM, "DDEMO", ts), EMPLOYEE, text)
+    outcome: TurnOutcome = await workflow.turns.start(Thread(TEAM, "DDEMO", ts), EMPLOYEE, text)
     assert isinstance(outcome, AwaitingApproval), outcome
     approval = outcome.approvals[0]
-    description = workflow.describe(approval.request.tool)
-    card = blocks.approval_card(approval, description=description, thread_link=None, now=utc_now())
-    show(f"Approval card in #{CHANNEL}", blocks.card_as_text(card))
+    description = workflow.runtime.describe(approval.request.tool)
+    card = approval_card(approval, description=description, thread_link=None, now=utc_now())
+    show(f"Approval card in #{CHANNEL}", card_as_text(card))
     facts = ApproverFacts(in_channel=True)
     if changes is not None:
         show(f"{APPROVER} (approver)", f"clicks Edit & approve, and changes it to {changes}")
         edited = approval.request.input | changes
-        decided = await workflow.approve_with_changes(
+        decided = await workflow.decisions.approve_with_changes(
             TEAM, approval.id, APPROVER, edited, facts=facts
         )
     else:
         verb = "Approve" if approve else "Deny" + (f' with reason "{reason}"' if reason else "")
         show(f"{APPROVER} (approver)", f"clicks {verb}")
-        decided = await workflow.decide(
+        decided = await workflow.decisions.decide(
             TEAM, approval.id, APPROVER, approve=approve, reason=reason, facts=facts
         )
     show(
         "Card, updated",
-        blocks.card_as_text(
-            blocks.approval_card(
+        card_as_text(
+            approval_card(
                 decided.approval, description=description, thread_link=None, now=utc_now()
             )
         ),
     )
-    resumed = await workflow.continue_turn(decided.turn_id)
+    resumed = await workflow.turns.resume(decided.turn_id)
     assert resumed is not None and isinstance(resumed.outcome, Reply), resumed
     show("Greenlight (reply in the employee's thread)", resumed.outcome.text)
 
@@ -118,15 +114,15 @@ async def one_question(workflow: Workflow, ts: str, text: str, answer: str) -> N
     """The agent asks the employee, in their thread; their reply is the answer."""
     show(f"{EMPLOYEE} (employee, in a DM)", text)
     thread = Thread(TEAM, "DDEMO", ts)
-    outcome = await workflow.start_turn(thread, EMPLOYEE, text)
+    outcome = await workflow.turns.start(thread, EMPLOYEE, text)
     assert isinstance(outcome, AwaitingApproval), outcome
     question = outcome.approvals[0]
-    card = blocks.question_card(question, description="", thread_link=None, now=utc_now())
-    show("Greenlight (a question in the employee's thread)", blocks.card_as_text(card))
+    card = question_card(question, description="", thread_link=None, now=utc_now())
+    show("Greenlight (a question in the employee's thread)", card_as_text(card))
     show(f"{EMPLOYEE} (replies in the thread)", answer)
-    answered = await workflow.start_turn(thread, EMPLOYEE, answer)
+    answered = await workflow.turns.start(thread, EMPLOYEE, answer)
     assert isinstance(answered, AnsweredInThread) and answered.decided.turn_ready, answered
-    resumed = await workflow.continue_turn(answered.decided.turn_id)
+    resumed = await workflow.turns.resume(answered.decided.turn_id)
     assert resumed is not None and isinstance(resumed.outcome, Reply), resumed
     show("Greenlight (reply in the employee's thread)", resumed.outcome.text)
 

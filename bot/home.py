@@ -1,10 +1,10 @@
-"""The App Home tab: the approver's inbox, the person's own requests, and (for admins) the
-policy, published per person with views.publish and kept fresh as its approvals change.
+"""The App Home tab: each person's inbox, own requests and (for admins) the policy, kept
+fresh as approvals change.
 
-Its buttons are the approval card's own (the same action ids and values), so a decision
-made here goes through the very listeners, rules and writes a card's does
-(bot/listeners/actions.py). Which Home shows what is remembered per process, boundedly: a
-replica refreshes only the Homes it published.
+Published per person with views.publish. Its buttons are the approval card's own (the same
+action ids and values, bot/card.py), so a decision made here goes through the very
+listeners, rules and writes a card's does (bot/listeners/actions.py). Which Home shows
+what is remembered per process, boundedly: a replica refreshes only the Homes it published.
 """
 
 from __future__ import annotations
@@ -20,10 +20,24 @@ from typing import Any
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import Approval, Thread, Workflow
-from bot import blocks
+from agent.workflow import Workflow
 from bot.background import Background
+from bot.block_kit import (
+    SECTION_MAX,
+    Block,
+    chunks,
+    code,
+    context,
+    link,
+    mention,
+    section,
+    summary,
+    utc,
+)
+from bot.card import answer_button, decision_buttons, quorum_text
 from bot.people import People
+from bot.safe_text import fit
+from storage.domain import Approval, Thread
 
 log = logging.getLogger(__name__)
 
@@ -41,41 +55,34 @@ Links = Callable[[AsyncWebClient, Thread], Awaitable[str | None]]
 
 def _ago(at: datetime) -> str:
     """'5 minutes ago', in the reader's Slack (the fallback is UTC)."""
-    u = blocks._utc(at)
+    u = utc(at)
     return f"<!date^{int(u.timestamp())}^{{ago}}|{u:%Y-%m-%d %H:%M} UTC>"
 
 
 def _question(a: Approval) -> str | None:
     asked = a.request.input.get("question")
-    return blocks._fit(asked, 300)[0] if isinstance(asked, str) else None
+    return fit(asked, 300)[0] if isinstance(asked, str) else None
 
 
-def inbox_item(a: Approval, *, card_link: str | None, editable: bool) -> list[blocks.Block]:
+def inbox_item(a: Approval, *, card_link: str | None, editable: bool) -> list[Block]:
     """One request to decide: tool, requester, key arguments, age; the card's buttons."""
     r = a.request
-    who = f"{blocks._code(r.tool)} for {blocks.mention(r.requester)}"
+    who = f"{code(r.tool)} for {mention(r.requester)}"
     line = f"{who}  ·  asked {_ago(r.requested_at)}"
-    if link := blocks._link(card_link, "open the card"):
-        line += f"  ·  {link}"
+    if shown := link(card_link, "open the card"):
+        line += f"  ·  {shown}"
     if (asked := _question(a)) is not None:
         line += f"\n_The agent asks:_ {asked}"
-    elif summary := blocks._summary(a.current.input):  # the version a click decides
-        line += f"\n{summary}"
+    elif taste := summary(a.current.input):  # the version a click decides
+        line += f"\n{taste}"
     if a.edit is not None:
-        line += f"\n✏️ _changed by {blocks.mention(a.edit.by)} (version {a.version})_"
+        line += f"\n✏️ _changed by {mention(a.edit.by)} (version {a.version})_"
     if r.approvals_needed > 1:
-        line += f"\n{blocks.quorum_text(a)}"
-    if r.question:
-        buttons = [blocks._button("Answer", "answer", a.id, "primary")]
-    else:
-        buttons = [
-            blocks._button("Approve", "approve", blocks.as_seen(a), "primary"),
-            *([blocks._button("Edit & approve", "edit_approve", blocks.as_seen(a))] * editable),
-            blocks._button("Deny", "deny", blocks.as_seen(a), "danger"),
-        ]
+        line += f"\n{quorum_text(a)}"
+    buttons = [answer_button(a)] if r.question else decision_buttons(a, editable=editable)
     # Block ids are unique within a view: one per request.
     return [
-        blocks._section(line),
+        section(line),
         {"type": "actions", "block_id": f"home:{a.id}", "elements": buttons},
     ]
 
@@ -94,26 +101,26 @@ def status(a: Approval, turn_waits: bool) -> str:
     return "waiting for approval"
 
 
-def own_item(a: Approval, *, thread_link: str | None, turn_waits: bool) -> blocks.Block:
+def own_item(a: Approval, *, thread_link: str | None, turn_waits: bool) -> Block:
     r = a.request
-    line = f"{blocks._code(r.tool)}  ·  asked {_ago(r.requested_at)}  ·  *{status(a, turn_waits)}*"
-    if link := blocks._link(thread_link, "the thread"):
-        line += f"  ·  {link}"
+    line = f"{code(r.tool)}  ·  asked {_ago(r.requested_at)}  ·  *{status(a, turn_waits)}*"
+    if shown := link(thread_link, "the thread"):
+        line += f"  ·  {shown}"
     if (asked := _question(a)) is not None:
         line += f"\n{asked}"
-    elif summary := blocks._summary(a.current.input):  # what will run, edits included
-        line += f"\n{summary}"
-    section = blocks._section(line)
+    elif taste := summary(a.current.input):  # what will run, edits included
+        line += f"\n{taste}"
+    item = section(line)
     if r.asks == "requester" and a.decision is None:  # theirs to answer, here too
-        section["accessory"] = blocks._button("Answer", "answer", a.id, "primary")
-    return section
+        item["accessory"] = answer_button(a)
+    return item
 
 
-def _more(shown: int, found: int, scanned: int) -> blocks.Block | None:
+def _more(shown: int, found: int, scanned: int) -> Block | None:
     if found <= shown:
         return None
     plus = "+" if found >= scanned else ""
-    return blocks._context(f"…and {found - shown}{plus} more — see `/approvals pending`")
+    return context(f"…and {found - shown}{plus} more — see `/approvals pending`")
 
 
 def home_view(
@@ -127,14 +134,14 @@ def home_view(
     notice: str | None,
 ) -> dict[str, Any]:
     """The whole Home tab of one person (at most MAX_BLOCKS blocks)."""
-    out: list[blocks.Block] = []
+    out: list[Block] = []
     if notice:
-        out.append(blocks._section(f"⚠️ {notice}"))
+        out.append(section(f"⚠️ {notice}"))
     out.append({"type": "header", "text": {"type": "plain_text", "text": "Waiting for you"}})
     for a in inbox[:ITEMS]:
         out += inbox_item(a, card_link=card_links.get(a.id), editable=editable(a.request.tool))
     if not inbox:
-        out.append(blocks._context("_Nothing waits for your decision._"))
+        out.append(context("_Nothing waits for your decision._"))
     if more := _more(ITEMS, len(inbox), INBOX_SCAN):
         out.append(more)
     out += [
@@ -146,7 +153,7 @@ def home_view(
         turn_waits = a.turn_id in waiting_turns
         out.append(own_item(a, thread_link=thread_links.get(a.id), turn_waits=turn_waits))
     if not own:
-        out.append(blocks._context("_None of your requests is open._"))
+        out.append(context("_None of your requests is open._"))
     if more := _more(ITEMS, len(own), OWN_SCAN):
         out.append(more)
     if policy is not None:
@@ -154,9 +161,9 @@ def home_view(
             {"type": "divider"},
             {"type": "header", "text": {"type": "plain_text", "text": "Policy (admins)"}},
         ]
-        out += [blocks._section(c) for c in blocks._chunks(policy, blocks.SECTION_MAX)]
+        out += [section(c) for c in chunks(policy, SECTION_MAX)]
     if len(out) > MAX_BLOCKS:
-        out = [*out[: MAX_BLOCKS - 1], blocks._context("…the rest: `/approvals list`")]
+        out = [*out[: MAX_BLOCKS - 1], context("…the rest: `/approvals list`")]
     return {"type": "home", "blocks": out}
 
 
@@ -224,8 +231,8 @@ class HomeTabs:
 
     async def _publish(self, client: AsyncWebClient, team: str, user: str) -> None:
         facts = self._people.deciding(client, user, clicked_in=None, home=True)
-        inbox = await self._workflow.inbox(team, user, facts, scan=INBOX_SCAN)
-        own = await self._workflow.requested_by(team, user, limit=OWN_SCAN)
+        inbox = await self._workflow.reads.inbox(team, user, facts, scan=INBOX_SCAN)
+        own = await self._workflow.reads.requested_by(team, user, limit=OWN_SCAN)
         admin = await self._people.is_admin(client, user, team)
         policy = await self._summary(self._workflow, team) if admin else None
         cards = [
@@ -242,7 +249,7 @@ class HomeTabs:
             own=own,
             card_links=card_links,
             thread_links=thread_links,
-            editable=lambda tool: self._workflow.edit_form(tool) is not None,
+            editable=lambda tool: self._workflow.runtime.edit_form(tool) is not None,
             policy=policy,
             notice=self._notices.get((team, user)),
         )

@@ -1,4 +1,4 @@
-"""Prometheus metrics, served at GET /metrics (bot/server.py).
+"""Prometheus metrics, served at GET /metrics (bot/routes.py).
 
 Counters and histograms are this process's (Prometheus sums replicas); the pending gauge is
 read from the database at each scrape, so every replica reports the same truth. One

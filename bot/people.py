@@ -14,7 +14,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.policy import ApproverFacts, Policy
-from agent.workflow import Approval
+from storage.domain import Approval
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

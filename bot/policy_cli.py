@@ -1,6 +1,8 @@
-"""`greenlight policy check FILE` and `greenlight policy test FILE CASES`: a POLICY_FILE
-checked as the bot checks it at start, and tested against a cases file, offline (no
-database, no Slack, no model): what a team runs in its policy repository's CI.
+"""`greenlight policy check|test`: a POLICY_FILE checked and tested offline, in a policy
+repository's CI.
+
+`greenlight policy check FILE` checks it as the bot checks it at start; `greenlight policy
+test FILE CASES` tests it against a cases file; neither needs a database, Slack or a model.
 
 The agent's tools come from AGENT_TOOLS (their schemas check each case's input), the file
 tools from AGENT_FILES_ROOT / AGENT_ARTIFACTS and MCP servers' tools by name only.

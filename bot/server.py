@@ -1,5 +1,8 @@
-"""The running service: HTTP (or Socket Mode), health, metrics, the recovery sweep, clean
-shutdown."""
+"""The running service: everything `python -m bot` runs, wired together, started and
+stopped in order.
+
+HTTP or Socket Mode, both transports (bot/, gateway/) on one workflow, the loops; on
+SIGTERM, a clean shutdown."""
 
 from __future__ import annotations
 
@@ -11,24 +14,17 @@ import logging
 import signal
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-import aiohttp
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
-from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import SecretStr
 from slack_bolt.async_app import AsyncApp
-from slack_sdk.errors import SlackApiError
-from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
-from sqlalchemy import text
 
 from agent import policy_file as policy_files
-from agent.approval import ToolTimeouts
 from agent.assemble import build_workflow, new_uuid, utc_now
 from agent.files import FileTools
+from agent.gate import ToolTimeouts
 from agent.keys import ApiKeys
 from agent.limits import MessageLimits
 from agent.mcp_config import McpServers
@@ -45,9 +41,13 @@ from bot.delivery import Delivery
 from bot.deps import Deps
 from bot.home import HomeTabs
 from bot.listeners.commands import policy_summary
+from bot.loops import Loops
+from bot.mcp_servers import McpConnections, mcp_servers
 from bot.metrics import Metrics
 from bot.people import People
+from bot.routes import HEALTH_TIMEOUT, Probes, slack_web_app
 from bot.settings import ConfigError, Settings
+from bot.startup import prepare_policy, read_policy_file
 from gateway.api import ApiDoor
 from gateway.callbacks import Deliveries, Reach
 from gateway.calls import PROMPT_PREFIX, Gateway
@@ -66,97 +66,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FOLLOW_UP_INTERVAL = 5.0  # seconds between looks for due reminders and escalations
-SLACK_PATH = "/slack/events"
 # Socket Mode: seconds between pings to Slack; a connection silent for four of them is stale,
 # and reconnecting after a failure waits one (slack_sdk's SocketModeClient).
 SOCKET_PING_INTERVAL = 10.0
-HEALTH_TIMEOUT = 2.0  # seconds /healthz waits for the database before it answers 503
 COUNTER_POOL = 5  # connections for the message counters (their own engine, see Service)
-
-
-def signed_only(signing_secret: str) -> Middleware:
-    """Let only correctly signed requests reach Bolt, and never let a body become a 500.
-
-    Bolt parses a body before it checks the signature, and raises on what Slack never sends
-    (bytes that are not UTF-8, JSON that is not an object, a `payload=` that is not JSON, a
-    timestamp that is not a number); aiohttp answered those with a 500 to anyone who asked.
-    Now: no valid signature, 401 whatever the body; signed but unreadable, 400.
-    """
-    verifier = SignatureVerifier(signing_secret)
-
-    @web.middleware
-    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method != "POST" or request.path != SLACK_PATH:
-            return await handler(request)
-        body = await request.read()
-        try:
-            signed = verifier.is_valid_request(body, dict(request.headers))
-        except ValueError:  # a timestamp that is not a number
-            signed = False
-        if not signed:
-            return web.json_response({"error": "invalid request"}, status=401)
-        try:
-            return await handler(request)
-        except web.HTTPException:
-            raise
-        except Exception as exc:
-            log.warning("a signed request Bolt could not read: %r", exc)
-            return web.json_response({"error": "malformed request"}, status=400)
-
-    return guard
-
-
-async def approver_channel_problems(
-    client: AsyncWebClient, channel: str, named: str = "APPROVER_CHANNEL"
-) -> list[str]:
-    """Why a channel whose members decide (APPROVER_CHANNEL, or one `named` in POLICY_FILE
-    for a tool that names no approvers) cannot be an approver group, if it cannot: anyone
-    able to join it could approve."""
-    try:
-        info = (await client.conversations_info(channel=channel))["channel"]
-    except SlackApiError as exc:
-        return [
-            f"{named} {channel}: Slack answered {exc.response.get('error')!r} to "
-            "conversations.info. Check the channel ID, invite the bot to the channel, and "
-            "reinstall the app with the manifest's scopes (channels:read, groups:read)"
-        ]
-    except aiohttp.ClientError as exc:
-        return [f"{named} {channel}: could not reach Slack to check it ({exc!r})"]
-    if not info.get("is_private"):
-        return [
-            f"{named} {channel} is a public channel: anyone in the workspace could join it "
-            "and approve. Use a private channel (or make this one private), or name approvers"
-        ]
-    return []
-
-
-def mcp_servers(settings: Settings, policy_file: PolicyFile | None) -> McpServers:
-    """The MCP servers: from MCP_SERVERS or from POLICY_FILE's `mcp_servers`, never both
-    (two lists would leave it unclear which one an operator edits)."""
-    in_file = policy_file.mcp_servers if policy_file is not None else {}
-    if settings.MCP_SERVERS and in_file:
-        raise ConfigError(
-            [
-                "MCP_SERVERS and POLICY_FILE's mcp_servers are both set: list the MCP "
-                "servers in one of them"
-            ]
-        )
-    return dict(settings.MCP_SERVERS or in_file)
 
 
 def _secret(value: SecretStr | None) -> str | None:
     return value.get_secret_value() if value is not None else None
-
-
-def read_policy_file(path: Path | None) -> PolicyFile | None:
-    """POLICY_FILE, checked; a ConfigError naming the line of anything wrong with it."""
-    if path is None:
-        return None
-    try:
-        return policy_files.load(path)
-    except policy_files.PolicyFileError as exc:
-        raise ConfigError([f"POLICY_FILE {p}" for p in exc.problems]) from None
 
 
 class Service:
@@ -202,14 +119,17 @@ class Service:
         self.metrics = Metrics()
         self._runner: web.AppRunner | None = None
         self._socket: AsyncSocketModeHandler | None = None
-        self._sweeper: asyncio.Task[None] | None = None
-        self._follower: asyncio.Task[None] | None = None
-        self.mcp: McpTools | None = None
-        self._team: str | None = None  # the workspace this token serves, once known
+        self._loops: Loops | None = None
+        self._mcp: McpConnections | None = None
         self.deps: Deps | None = None
         self.app: AsyncApp | None = None
         self.gateway: Gateway | None = None
         self._gateway_running = contextlib.AsyncExitStack()
+
+    @property
+    def mcp(self) -> McpTools | None:
+        """The MCP servers' tools, once started with any server configured."""
+        return self._mcp.tools if self._mcp is not None else None
 
     async def start(self) -> None:
         s = self.settings
@@ -218,10 +138,42 @@ class Service:
 
             await upgrade(self._engine)
         policy_file = read_policy_file(s.POLICY_FILE)
-        servers = mcp_servers(s, policy_file)
+        self._mcp = mcp = McpConnections(mcp_servers(s, policy_file), policy_file)
         background = Background(limit=s.MAX_CONCURRENT_TURNS, queue=s.MAX_QUEUED_TURNS)
         self.metrics.queue_depth_from(lambda: background.waiting)
-        workflow = self._workflow(policy_file, background, servers)
+        workflow = self._workflow(policy_file, background, mcp.servers)
+        self.deps = deps = self._deps(workflow, background)
+        self.metrics.known_tools(workflow.policies.known_tools())
+        assert s.SLACK_BOT_TOKEN is not None
+        signing = s.SLACK_SIGNING_SECRET.get_secret_value() if s.SLACK_SIGNING_SECRET else None
+        self.app = app = build_app(
+            deps,
+            token=s.SLACK_BOT_TOKEN.get_secret_value(),
+            signing_secret=None if s.socket_mode else signing,
+            api_url=s.SLACK_API_URL,
+            slack_errors=self.metrics.slack_api_error,
+        )
+        await mcp.start(workflow)
+        assert s.APPROVER_CHANNEL is not None  # serving_problems() requires it
+        mcp.team = await prepare_policy(app.client, workflow, s.APPROVER_CHANNEL, policy_file)
+        web_app = slack_web_app(app, socket_mode=s.socket_mode, signing=signing)
+        await self._gateway(web_app, deps, app.client)
+        probes = Probes(self._health, self.metrics, workflow.reads.pending_by_tool)
+        probes.routes(web_app)
+        await self._listen(web_app, app, probes)
+        self._loops = Loops(deps, app.client, sweep_interval=s.RECOVERY_INTERVAL_SECONDS)
+        self._loops.start()
+        log.info(
+            "Greenlight is up (%s; /healthz and /metrics on :%d): model %s, tools %s",
+            "Socket Mode" if s.socket_mode else "HTTP",
+            self.port,
+            s.AGENT_MODEL,
+            ", ".join(workflow.policies.known_tools()),
+        )
+
+    def _deps(self, workflow: Workflow, background: Background) -> Deps:
+        """What the listeners share; the Home tabs redrawn with the cards they show."""
+        s = self.settings
         assistant = AssistantThreads(s.ASSISTANT_PROMPTS)
         people = People(admin_users=s.ADMIN_USERS, clock=self._clock)
         delivery = Delivery(
@@ -240,8 +192,7 @@ class Service:
             summary=policy_summary,
         )
         delivery.watch(home.changed)  # a card redrawn: so are the Homes showing it
-        self.metrics.known_tools(workflow.policies.known_tools())
-        self.deps = deps = Deps(
+        return Deps(
             workflow=workflow,
             delivery=delivery,
             people=people,
@@ -257,28 +208,11 @@ class Service:
             assistant=assistant,
             keys=ApiKeys(make_session_factory(self._engine), clock=self._clock, new_id=new_uuid),
         )
-        assert s.SLACK_BOT_TOKEN is not None
-        signing = s.SLACK_SIGNING_SECRET.get_secret_value() if s.SLACK_SIGNING_SECRET else None
-        self.app = app = build_app(
-            deps,
-            token=s.SLACK_BOT_TOKEN.get_secret_value(),
-            signing_secret=None if s.socket_mode else signing,
-            api_url=s.SLACK_API_URL,
-            slack_errors=self.metrics.slack_api_error,
-        )
-        if servers:
-            from agent.mcp_tools import McpTools  # the MCP SDK: only when a server is set
 
-            self.mcp = McpTools(servers, workflow.runtime)
-            self.mcp.on_added = functools.partial(self._mcp_tools_added, workflow, policy_file)
-            await self.mcp.start()
-        await self._prepare_policy(app.client, workflow, policy_file)
-        # Socket Mode gets no Slack route: unsigned HTTP requests must never reach Bolt.
-        web_app = web.Application() if s.socket_mode else app.web_app(path=SLACK_PATH)
-        if not s.socket_mode and signing is not None:
-            web_app.middlewares.append(signed_only(signing))
-        # The gateway (gateway/): a second transport on the same workflow; its cards go out
-        # through this delivery and its outbox, like any other.
+    async def _gateway(self, web_app: web.Application, deps: Deps, client: AsyncWebClient) -> None:
+        """The gateway (gateway/): a second transport on the same workflow; its cards go out
+        through this delivery and its outbox, like any other."""
+        s, workflow, delivery = self.settings, deps.workflow, deps.delivery
         sessions = make_session_factory(self._engine)
         self.gateway = Gateway(
             workflow,
@@ -286,8 +220,8 @@ class Service:
             GatewayStore(sessions),
             clock=self._clock,
             new_id=new_uuid,
-            post_card=functools.partial(delivery.post_card, app.client),
-            refresh_card=functools.partial(delivery.refresh_card, app.client),
+            post_card=functools.partial(delivery.post_card, client),
+            refresh_card=functools.partial(delivery.refresh_card, client),
             observer=self.metrics,
             tool_timeouts=workflow.tool_timeouts,
             limits=deps.limits,
@@ -302,8 +236,11 @@ class Service:
         deliveries = Deliveries(self.gateway.store, reach, requests.body, clock=self._clock)
         sweep = GatewaySweep(self.gateway, deliveries, clock=self._clock)
         await self._gateway_running.enter_async_context(sweep.running())
-        web_app.router.add_get("/healthz", self._healthz)
-        web_app.router.add_get("/metrics", self._metrics)
+
+    async def _listen(self, web_app: web.Application, app: AsyncApp, probes: Probes) -> None:
+        """Serve HTTP on PORT; with SLACK_APP_TOKEN, connect to Slack in Socket Mode too
+        (/healthz then tells whether that connection is up)."""
+        s = self.settings
         self._runner = web.AppRunner(web_app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host=self.host, port=s.PORT)
@@ -315,16 +252,8 @@ class Service:
             self._socket = AsyncSocketModeHandler(
                 app, s.SLACK_APP_TOKEN.get_secret_value(), ping_interval=self._ping_interval
             )
+            probes.socket = self._socket
             await self._socket.connect_async()  # type: ignore[no-untyped-call]
-        self._sweeper = asyncio.create_task(self._sweep_forever(), name="recovery sweep")
-        self._follower = asyncio.create_task(self._follow_up_forever(), name="follow-ups")
-        log.info(
-            "Greenlight is up (%s; /healthz and /metrics on :%d): model %s, tools %s",
-            "Socket Mode" if s.socket_mode else "HTTP",
-            self.port,
-            s.AGENT_MODEL,
-            ", ".join(workflow.policies.known_tools()),
-        )
 
     def _workflow(
         self, policy_file: PolicyFile | None, background: Background, servers: McpServers
@@ -387,35 +316,6 @@ class Service:
             raise ConfigError([f"POLICY_FILE {p}" for p in exc.problems]) from None
         return workflow
 
-    async def _prepare_policy(
-        self, client: AsyncWebClient, workflow: Workflow, policy_file: PolicyFile | None
-    ) -> None:
-        """Every channel whose members decide must be private; then the workspace this
-        token serves gets POLICY_FILE's policy."""
-        assert self.settings.APPROVER_CHANNEL is not None  # serving_problems() requires it
-        channels = {self.settings.APPROVER_CHANNEL: "APPROVER_CHANNEL"}
-        if policy_file is not None:
-            channels |= policy_files.member_channels(policy_file)
-        problems = []
-        for channel, named in channels.items():
-            problems += await approver_channel_problems(client, channel, named)
-        if problems:
-            raise ConfigError(problems)
-        if policy_file is not None:
-            self._team = team = str((await client.auth_test())["team_id"])
-            changed = await workflow.policies.apply_file(team, policy_file)
-            log.info("POLICY_FILE set the policy of %d tool(s): %s", len(changed), changed)
-
-    async def _mcp_tools_added(
-        self, workflow: Workflow, policy_file: PolicyFile | None, tools: list[str]
-    ) -> None:
-        """An MCP server's tools joined after start: POLICY_FILE applies to them too. (Before
-        the workspace is known, the start's own pass over every tool covers them.)"""
-        if policy_file is None or self._team is None:
-            return
-        changed = await workflow.policies.apply_file(self._team, policy_file, only=tools)
-        log.info("POLICY_FILE set the policy of MCP tool(s) as they joined: %s", changed)
-
     async def stop(self) -> None:
         """Stop taking work, let in-flight turns finish, close connections.
 
@@ -423,11 +323,8 @@ class Service:
         others (or retries them) instead of to a process that is going away."""
         if self._socket is not None:
             await self._socket.close_async()  # type: ignore[no-untyped-call]
-        for loop in (self._sweeper, self._follower):
-            if loop is not None:
-                loop.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await loop
+        if self._loops is not None:
+            await self._loops.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         if self.gateway is not None:
@@ -443,67 +340,13 @@ class Service:
                     "answer gets none",
                     cut,
                 )
-        if self.mcp is not None:
-            await self.mcp.stop()  # after the turns: they may call MCP tools
+        if self._mcp is not None:
+            await self._mcp.stop()  # after the turns: they may call MCP tools
         if self.app is not None and self.app.client.session is not None:
             await self.app.client.session.close()  # after the turns: they post to Slack
         await self._engine.dispose()
         await self._health.dispose()
         await self._counters.dispose()
-
-    async def _healthz(self, request: web.Request) -> web.Response:
-        """200 when the database answers and, in Socket Mode, a connection to Slack is up:
-        a replica without one receives nothing, so it is not ready."""
-        link = self._socket.client if self._socket is not None else None  # slack_sdk's
-        if link is not None and not await link.is_connected():
-            return web.json_response({"ok": False, "slack": "disconnected"}, status=503)
-        try:
-            async with asyncio.timeout(HEALTH_TIMEOUT), self._health.connect() as conn:
-                await conn.execute(text("SELECT 1"))
-        except Exception:
-            log.warning("health check: database unreachable", exc_info=True)
-            return web.json_response({"ok": False, "database": "unreachable"}, status=503)
-        return web.json_response({"ok": True})
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        """Prometheus' text format (bot/metrics.py)."""
-        assert self.deps is not None
-        body = await self.metrics.render(self.deps.workflow.pending_by_tool)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    async def _sweep_forever(self) -> None:
-        """Expire overdue approvals and finish turns a dead process left; first at start-up."""
-        assert self.deps is not None and self.app is not None
-        while True:
-            try:
-                streams = self.deps.delivery.streams(self.app.client)
-                report = await self.deps.workflow.sweep(on_text=streams)
-                if report.expired or report.resumed:
-                    log.info(
-                        "recovery sweep resumed %d turn(s), expired %d approval(s)",
-                        len(report.resumed),
-                        len(report.expired),
-                    )
-                if report.purged.rows:
-                    log.info("retention deleted %s", report.purged)
-                await self.deps.delivery.sweep(self.app.client, report, streams)
-                await streams.close_rest()
-                await self.deps.limits.sweep()
-            except Exception:
-                log.exception("recovery sweep failed; trying again next interval")
-            await asyncio.sleep(self.settings.RECOVERY_INTERVAL_SECONDS)
-
-    async def _follow_up_forever(self) -> None:
-        """Reminders and escalations, within FOLLOW_UP_INTERVAL of their time: each is
-        recorded as done by whichever replica gets there first, then done."""
-        assert self.deps is not None and self.app is not None
-        while True:
-            try:
-                due = await self.deps.workflow.follow_ups()
-                await self.deps.delivery.follow_ups(self.app.client, due)
-            except Exception:
-                log.exception("follow-ups failed; trying again shortly")
-            await asyncio.sleep(FOLLOW_UP_INTERVAL)
 
 
 def freeze_heap() -> None:

@@ -9,7 +9,7 @@ workspace, a surface without streaming, a stream that expired) the reply falls b
 message rewritten with `chat.update`, at most once per `interval`, as before streams
 existed.
 
-Model output is untrusted: every piece is escaped (bot/blocks.py `escape`) before it is
+Model output is untrusted: every piece is escaped (bot/safe_text.py `escape`) before it is
 sent; escaping is per character, so escaping the pieces equals escaping the whole.
 """
 
@@ -27,8 +27,9 @@ from slack_sdk.models.messages.chunk import MarkdownTextChunk
 from slack_sdk.web.async_chat_stream import AsyncChatStream
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import Progress, Thread
-from bot import blocks
+from agent.outcomes import Progress
+from bot import messages, safe_text
+from storage.domain import Thread
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def _link_whole(text: str, start: int, end: int) -> int:
     opened = text.rfind("[", start, end)
     if opened == -1 or end - opened > WORD_MAX:
         return end
-    link = blocks.MARKDOWN_LINK.match(text, opened)
+    link = safe_text.MARKDOWN_LINK.match(text, opened)
     return end if link is not None and link.end() <= end else opened
 
 
@@ -105,7 +106,7 @@ class ReplyStream:
         now = self._clock()
         if not self._seen:
             self._last = now  # the first text: the interval runs from here
-        self._seen = so_far[: blocks.REPLY_MAX]
+        self._seen = so_far[: messages.REPLY_MAX]
         if self._sent < len(self._seen) and now - self._last >= self._interval:
             await self._flush()
 
@@ -120,7 +121,7 @@ class ReplyStream:
         if self._stream_ts is not None and self._streamer is not None:
             rest = self._seen[self._sent :]
             self._sent = len(self._seen)
-            tail = blocks.inert_links(blocks.escape(rest)) + self._tail(reply)
+            tail = safe_text.inert_links(safe_text.escape(rest)) + self._tail(reply)
             try:
                 await self._streamer.stop(markdown_text=tail or None)
                 return Closed(reply is not None, None)
@@ -135,14 +136,14 @@ class ReplyStream:
 
     def _tail(self, reply: str | None) -> str:
         """The note that the reply was cut, if it was."""
-        return SHORTENED if reply is not None and len(reply) > blocks.REPLY_MAX else ""
+        return SHORTENED if reply is not None and len(reply) > messages.REPLY_MAX else ""
 
     async def _flush(self) -> None:
         self._last = self._clock()
         upto = _link_whole(self._seen, self._sent, _word_end(self._seen, self._sent))
         if upto <= self._sent:
             return  # one word (or an open link) so far: it goes out whole, seen whole
-        piece = blocks.inert_links(blocks.escape(self._seen[self._sent : upto]))
+        piece = safe_text.inert_links(safe_text.escape(self._seen[self._sent : upto]))
         self._sent = upto
         if not self._failed:
             try:
@@ -177,7 +178,7 @@ class ReplyStream:
 
     async def _rewrite(self) -> None:
         """The fallback: the placeholder (or one message) rewritten with the text so far."""
-        message = blocks.reply_message(self._seen)
+        message = messages.reply_message(self._seen)
         if self._fallback_ts is None:
             self._fallback_ts = await self._placeholder_ts()
         try:

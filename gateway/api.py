@@ -19,7 +19,7 @@ from gateway.callbacks import BadCallback, Reach
 from gateway.calls import Caller, OverLimit
 from gateway.mcp import bearer, unauthorized
 from gateway.requests import Requests, shown, status_of
-from storage.lifecycle import Approval, Finished, Started
+from storage.domain import Approval, Finished, Started
 
 BASE = "/api/v1"
 MAX_WAIT = 60  # seconds a GET may wait for the decision

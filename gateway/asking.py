@@ -15,12 +15,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from agent.context import SAID_MAX
+from agent.interrupts import HISTORY_DAYS
 from agent.keys import ApiKey
 from agent.policy import Policy
-from agent.workflow import HISTORY_DAYS
 from storage.approval_store import ApprovalStore
-from storage.gateway_store import GATEWAY_CHANNEL
-from storage.lifecycle import (
+from storage.domain import (
     Approval,
     Card,
     Context,
@@ -33,6 +32,7 @@ from storage.lifecycle import (
     Thread,
     Via,
 )
+from storage.gateway_store import GATEWAY_CHANNEL
 
 Show = Callable[[Approval], Awaitable[None]]
 
@@ -101,7 +101,7 @@ def new_approval(
 
 async def history_of(approvals: ApprovalStore, key: ApiKey, tool: str, now: datetime) -> History:
     """The requester's earlier requests for the tool, for the card."""
-    found = await approvals.history(
+    found = await approvals.reads.history(
         key.team_id,
         key.user_id,
         [tool],

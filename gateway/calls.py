@@ -22,33 +22,20 @@ from genkit import Part, ToolRequest
 from genkit._ai._tools import run_tool_request
 from genkit.middleware import MultipartToolResponse
 
-from agent.approval import (
-    DEFAULT_TOOL_TIMEOUTS,
-    ToolTimeouts,
-    execution_outcome,
-    input_errors,
-    jsonable,
-    recorded,
-)
+from agent.gate import DEFAULT_TOOL_TIMEOUTS, ToolTimeouts, recorded
+from agent.inputs import input_errors, jsonable
 from agent.keys import ApiKey
 from agent.limits import MessageLimits
-from agent.observer import Observer
+from agent.observer import Observer, execution_outcome
 from agent.policy import Policy
 from agent.policy_file import PROMPT_PREFIX as PROMPT_PREFIX
 from agent.workflow import Workflow
 from gateway.asking import Caller as Caller, Show, history_of, new_approval
 from gateway.waiting import Decisions, Waiters
 from storage.approval_store import ApprovalStore
+from storage.domain import Approval, Approved, Denied, Expired, Finished, Started
 from storage.gateway_store import GatewayStore
-from storage.lifecycle import (
-    Approval,
-    Approved,
-    Denied,
-    Expired,
-    Finished,
-    IllegalTransition,
-    Started,
-)
+from storage.lifecycle import IllegalTransition
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +213,7 @@ class Gateway:
             await asyncio.shield(self.gone(approval))
             raise
         try:
-            current = await self.workflow.approval(approval.thread.team_id, approval.id)
+            current = await self.workflow.reads.approval(approval.thread.team_id, approval.id)
             via = (current or approval).request.context.via
             if via is not None and via.gone:  # given up for lost (its lease ran out): the
                 why = "given up for lost while it waited: nothing ran"  # card says so
@@ -243,7 +230,7 @@ class Gateway:
             left = (approval.request.expires_at - self.clock()).total_seconds()
             if left <= 0:
                 with contextlib.suppress(IllegalTransition):
-                    expired = await self.approvals.expire(approval, now=self.clock())
+                    expired = await self.approvals.decisions.expire(approval, now=self.clock())
                     await self.refresh_card(expired)
                 return
             wait = asyncio.ensure_future(
@@ -268,7 +255,7 @@ class Gateway:
         """The caller went away: the card says so, and nothing will run. Whether that is
         noted; if not, its lease is left to run out, and a sweep tries again."""
         try:
-            current = await self.workflow.approval(approval.thread.team_id, approval.id)
+            current = await self.workflow.reads.approval(approval.thread.team_id, approval.id)
             marked = await self.store.caller_gone(current or approval)
             await self.refresh_card(marked)
         except Exception:
@@ -299,7 +286,7 @@ class Gateway:
         args = approval.edit.input if approval.edit else r.input
         changes = approval.edit.changes(r.input) if approval.edit else None
         try:
-            await self.approvals.start_execution(approval, now=self.clock())
+            await self.approvals.executions.start_execution(approval, now=self.clock())
         except IllegalTransition as refused:  # it ran (or began) already: the record
             now = refused.current or approval
             execution = now.execution
@@ -309,9 +296,9 @@ class Gateway:
             output = args
         else:
             output = await self._run(action, r.tool, args, approval=approval, by=by)
-        await self.approvals.finish_execution(approval, output=output, now=self.clock())
+        await self.approvals.executions.finish_execution(approval, output=output, now=self.clock())
         self.observer.executed(r.tool, execution_outcome(output))
-        done = await self.workflow.approval(approval.thread.team_id, approval.id)
+        done = await self.workflow.reads.approval(approval.thread.team_id, approval.id)
         with contextlib.suppress(Exception):
             await self.refresh_card(done or approval)
         ok = execution_outcome(output) == "ok"

@@ -13,8 +13,9 @@ from typing import Any
 from agent.keys import ApiKey
 from gateway.asking import Caller
 from gateway.calls import Gateway
+from storage.domain import Approval, Approved, Denied
 from storage.gateway_store import Exists
-from storage.lifecycle import Approval, Approved, Denied, IllegalTransition
+from storage.lifecycle import IllegalTransition
 
 ALLOWED_BY = "greenlight"  # who "approved" a request policy allowed outright
 WITHDRAWN = "withdrawn by the caller"
@@ -58,7 +59,7 @@ class Requests:
 
     async def body(self, team_id: str, approval_id: str) -> dict[str, Any] | None:
         """What a callback says: the request as the API answers it (None: no such one)."""
-        found = await self._g.workflow.approval(team_id, approval_id)
+        found = await self._g.workflow.reads.approval(team_id, approval_id)
         return None if found is None else shown(found)
 
     async def request(
@@ -99,7 +100,7 @@ class Requests:
         await self._owe(approval, key, callback_url)
         if allowed:
             now = self._g.clock()
-            approval, _ = await self._g.approvals.decide(
+            approval, _ = await self._g.approvals.decisions.decide(
                 approval, Approved(ALLOWED_BY, now, "allowed by policy")
             )
         return approval, True
@@ -110,7 +111,7 @@ class Requests:
 
     async def read(self, key: ApiKey, approval_id: str) -> Approval | None:
         """A request of the approvals API in the key's workspace (None: no such one)."""
-        found = await self._g.workflow.approval(key.team_id, approval_id)
+        found = await self._g.workflow.reads.approval(key.team_id, approval_id)
         if (
             found is None
             or found.request.context.via is None
@@ -131,14 +132,14 @@ class Requests:
         found = await self.read(key, approval_id)
         if found is not None and found.decision is None and found.request.expires_at <= clock():
             with contextlib.suppress(IllegalTransition):
-                found = await self._g.approvals.expire(found, now=clock())
+                found = await self._g.approvals.decisions.expire(found, now=clock())
                 await self._g.refresh_card(found)
         return found
 
     async def start(self, approval: Approval) -> bool:
         """START_EXECUTION: True the first time for an approved request, False after."""
         try:
-            await self._g.approvals.start_execution(approval, now=self._g.clock())
+            await self._g.approvals.executions.start_execution(approval, now=self._g.clock())
         except IllegalTransition:
             return False
         return True
@@ -147,13 +148,13 @@ class Requests:
         """FINISH_EXECUTION with what the caller says happened; the card shows it."""
         recorded_output = output if ok else {"ok": False, "output": output}
         try:
-            await self._g.approvals.finish_execution(
+            await self._g.approvals.executions.finish_execution(
                 approval, output=recorded_output, now=self._g.clock()
             )
         except IllegalTransition:
             return False
         self._g.observer.executed(approval.request.tool, "ok" if ok else "error")
-        done = await self._g.workflow.approval(approval.thread.team_id, approval.id)
+        done = await self._g.workflow.reads.approval(approval.thread.team_id, approval.id)
         with contextlib.suppress(Exception):
             await self._g.refresh_card(done or approval)
         return True
@@ -162,7 +163,7 @@ class Requests:
         """Withdraw a pending request (a DENY by its own requester, saying so): False when
         it is no longer pending."""
         try:
-            done, _ = await self._g.approvals.decide(
+            done, _ = await self._g.approvals.decisions.decide(
                 approval, Denied(approval.request.requester, self._g.clock(), WITHDRAWN)
             )
         except IllegalTransition:

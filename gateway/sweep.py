@@ -54,7 +54,7 @@ class GatewaySweep:
         now = self._clock()
         lost = await g.store.lost_waiters(now=now, lease_until=now + g.waiters.lease)
         for team_id, approval_id in lost:
-            found = await g.workflow.approval(team_id, approval_id)
+            found = await g.workflow.reads.approval(team_id, approval_id)
             if found is None:
                 await g.waiters.release(approval_id)
             else:

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.db import SessionFactory, autocommit
-from storage.lifecycle import AuditEntry
+from storage.domain import AuditEntry
 from storage.models import AuditRow
 
 TABLE = cast(sa.Table, AuditRow.__table__)

@@ -18,9 +18,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 
-from storage.approval_store import CONTEXT, pause_params, paused_turn
 from storage.db import SessionFactory, autocommit
-from storage.lifecycle import Approval, ApprovalState, PausedTurn, TurnState
+from storage.domain import Approval, ApprovalState, PausedTurn, TurnState
 from storage.models import (
     ApiKeyRow,
     ApprovalRow,
@@ -29,6 +28,8 @@ from storage.models import (
     GatewayWaiterRow,
     McpSessionRow,
 )
+from storage.rows import CONTEXT
+from storage.turns import pause_params, paused_turn
 
 A = cast(sa.Table, ApprovalRow.__table__)
 C = cast(sa.Table, ConversationRow.__table__)

@@ -2,7 +2,9 @@
 
 This file is the whole exactly-once design; it needs no database to read. Storage
 builds each transition's conditional write from TRANSITIONS (storage/transitions.py) and
-runs it (storage/approval_store.py), so the conditions live here and nowhere else.
+runs it (the stores, storage/turns.py, decisions.py, executions.py, follow_ups.py), so the
+conditions live here and nowhere else. The states and the values they describe (an
+Approval, its Request, Decision, Execution, Version) are storage/domain.py's.
 
 States
     approval   pending -> approved | denied | expired      decided once, never changed
@@ -36,7 +38,7 @@ Why an approved call runs at most once
        approval of this very call) is committed; FINISH_EXECUTION records its output. A
        later resume of the same turn (recovery) answers a finished call with its recorded
        output and a started one with "outcome unknown": it never runs a call twice
-       (agent/workflow.py `resume_parts`).
+       (agent/interrupts.py `resume_parts`, agent/gate.py).
     4. A resume's restart parts are built from the stored request, never from a button.
     5. The tool gets the approval id as an idempotency key for the systems it calls.
 
@@ -87,49 +89,18 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
-
-class ApprovalState(enum.StrEnum):
-    PENDING = "pending"
-    APPROVED = "approved"
-    DENIED = "denied"
-    EXPIRED = "expired"
-    ANSWERED = "answered"  # a question's (an interrupt that asks a person for input)
-
-
-class ExecutionState(enum.StrEnum):
-    NOT_STARTED = "not_started"
-    STARTED = "started"
-    FINISHED = "finished"
-
-
-class CardState(enum.StrEnum):
-    POSTING = "posting"  # recorded before the post; a sweep retries it once it is stale
-    POSTED = "posted"
-    FAILED = "failed"  # Slack refused it for good; the requester was told
-
-
-class ReminderState(enum.StrEnum):
-    NONE = "none"  # its policy asks for no reminder
-    SCHEDULED = "scheduled"
-    SENT = "sent"
-
-
-class EscalationState(enum.StrEnum):
-    NONE = "none"
-    SCHEDULED = "scheduled"
-    ESCALATED = "escalated"  # the card is in the escalation channel too; more may decide
-
-
-class TurnState(enum.StrEnum):
-    WAITING = "waiting"  # interrupts await decisions
-    RESUMING = "resuming"  # claimed by one process until its lease runs out
-    DONE = "done"
-    FAILED = "failed"
-
+from storage.domain import (
+    Approval,
+    ApprovalState,
+    CardState,
+    EscalationState,
+    ExecutionState,
+    ReminderState,
+    TurnState,
+)
 
 State = ApprovalState | ExecutionState | TurnState | CardState | ReminderState | EscalationState
 
@@ -365,310 +336,6 @@ STATES: Mapping[Subject, type[State]] = {
     Subject.REMINDER: ReminderState,
     Subject.ESCALATION: EscalationState,
 }
-
-
-# -- values: what an approval is at each point, as the workflow and the transport see it ------
-
-
-@dataclass(frozen=True)
-class Thread:
-    """Where a conversation lives; the transport maps it to a Slack thread."""
-
-    team_id: str
-    channel_id: str
-    thread_ts: str
-
-
-@dataclass(frozen=True)
-class Vote:
-    """One person's approval of a request that needs several."""
-
-    by: str
-    at: datetime
-
-
-Origin = Literal["human", "tool", "model"]
-Asked = Literal["requester", "approvers"]
-
-
-@dataclass(frozen=True)
-class Said:
-    """A human's message of the conversation, as an approver is shown it."""
-
-    text: str  # the first SAID_MAX characters (agent/context.py)
-    length: int  # of the whole message
-    by: str | None = None  # who wrote it (a Slack user id), when known
-    at: datetime | None = None
-
-
-@dataclass(frozen=True)
-class Source:
-    """Where an argument's value was found: in a human's message, in a tool's result
-    (`tool` names which), or nowhere before the call (the model's own)."""
-
-    origin: Origin
-    tool: str | None = None
-
-
-@dataclass(frozen=True)
-class History:
-    """The requester's earlier requests for the same tool, by how they ended."""
-
-    approved: int = 0
-    denied: int = 0
-    expired: int = 0
-    days: int = 30
-
-
-@dataclass(frozen=True)
-class Via:
-    """A request that came through the gateway (gateway/), not from the agent's own turn:
-    the door (`mcp`, `api`), the API key's name, the MCP client that asked (name and
-    version), and whether the caller went away while it waited (then nothing runs)."""
-
-    door: str
-    key: str
-    client: str | None = None
-    gone: bool = False
-
-
-@dataclass(frozen=True)
-class Context:
-    """What led to a call, recorded with its request (an approver decides on this)."""
-
-    first: Said | None = None  # the message that started the conversation
-    latest: Said | None = None  # the last human message before the call, if another
-    agent: Said | None = None  # the agent's own words just before the call
-    # Per argument value (by path: "toAccount", "items.0.sku"), where it came from.
-    sources: Mapping[str, Source] = field(default_factory=dict)
-    history: History | None = None
-    via: Via | None = None  # through the gateway: which door, key and client
-
-
-@dataclass(frozen=True)
-class Request:
-    """What the agent asked to run, for whom, why, and until when a human may decide."""
-
-    tool: str
-    ref: str  # Genkit matches a resume's answers to tool requests by (tool, ref)
-    input: dict[str, Any]
-    requester: str
-    why: str
-    requested_at: datetime
-    expires_at: datetime
-    # Everyone whose message led to the call (the requester among them): none may decide.
-    participants: tuple[str, ...] = ()
-    # What the tool's own preview said the call would do; "" when it failed or took too
-    # long, None when the tool has none.
-    preview: str | None = None
-    approvals_needed: int = 1  # distinct approvers (a quorum)
-    context: Context = Context()
-    # A question (an interrupt that asks for input) asks the requester or the approvers; an
-    # approval asks nobody in particular (None).
-    asks: Asked | None = None
-    # The model's own arguments, when the tool's schema coerced them into `input` ("250000"
-    # into 250000): a restart carries them exactly, and the schema coerces them again.
-    asked: dict[str, Any] | None = None
-
-    @property
-    def question(self) -> bool:
-        return self.asks is not None
-
-
-@dataclass(frozen=True)
-class Approved:
-    by: str
-    at: datetime
-    reason: str | None = None
-
-
-@dataclass(frozen=True)
-class Denied:
-    by: str
-    at: datetime
-    reason: str | None = None
-
-
-@dataclass(frozen=True)
-class Expired:
-    at: datetime
-
-
-@dataclass(frozen=True)
-class Answered:
-    by: str
-    at: datetime
-    answer: Any  # free text, or an object of the form the question's tool gives
-
-
-Decision = Approved | Denied | Expired | Answered
-
-
-@dataclass(frozen=True)
-class Edit:
-    """An approver's changes to a request's input: the call runs with `input` instead."""
-
-    input: dict[str, Any]
-    by: str
-    at: datetime
-    preview: str | None = None  # the tool's preview of the edited call (as Request.preview)
-
-    def changes(self, original: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-        """Each changed field, `{"from": old, "to": new}` (None for a field added or
-        removed), for the model and the card."""
-        keys = dict.fromkeys([*original, *self.input])
-        return {
-            k: {"from": original.get(k), "to": self.input.get(k)}
-            for k in keys
-            if original.get(k) != self.input.get(k) or (k in original) != (k in self.input)
-        }
-
-
-@dataclass(frozen=True)
-class Version:
-    """One version of an approvable call: what a card shows, a vote names and the gate runs."""
-
-    number: int
-    tool: str
-    input: dict[str, Any]  # as the tool's schema validated it
-    preview: str | None
-    # Where each value came from: as recorded with the request, except that a value an
-    # approver changed is a human's (they typed it).
-    sources: Mapping[str, Source] = field(default_factory=dict)
-    edit: Edit | None = None  # who made it, when a person did (None: as the agent asked)
-
-
-@dataclass(frozen=True)
-class NotStarted:
-    pass
-
-
-@dataclass(frozen=True)
-class Started:
-    """The call began and its end was never recorded: its outcome is unknown."""
-
-
-@dataclass(frozen=True)
-class Finished:
-    output: Any  # the tool's output as JSON, replayed to the model by a later resume
-
-
-Execution = NotStarted | Started | Finished
-
-
-@dataclass(frozen=True)
-class Card:
-    """Where the approvers' card goes (chosen at request time), where its post got to, and
-    once posted its ts."""
-
-    channel: str
-    ts: str | None = None
-    state: CardState = CardState.POSTING
-
-
-@dataclass(frozen=True)
-class FollowUp:
-    """A reminder or an escalation: when it is due and whether it happened. An escalation
-    names its channel, and once its card is posted there, the card's ts."""
-
-    at: datetime
-    state: ReminderState | EscalationState
-    channel: str | None = None
-    ts: str | None = None
-
-
-@dataclass(frozen=True)
-class Approval:
-    """One interrupted tool call: the request, its single decision, its execution, its card."""
-
-    id: str
-    turn_id: str
-    thread: Thread
-    request: Request
-    decision: Decision | None = None
-    execution: Execution = field(default_factory=NotStarted)
-    card: Card | None = None
-    votes: tuple[Vote, ...] = ()  # of a quorum: who approved so far, in order
-    edit: Edit | None = None  # the latest edit: the call runs with its input instead
-    reminder: FollowUp | None = None
-    escalation: FollowUp | None = None
-    version: int = 1  # the current version's number (1: as asked; one more per edit)
-
-    @property
-    def current(self) -> Version:
-        """The call as it stands: what approvers are shown and what runs once approved."""
-        r, e = self.request, self.edit
-        if e is None:
-            return Version(self.version, r.tool, r.input, r.preview, r.context.sources)
-        changed = e.changes(r.input)
-        kept = {p: s for p, s in r.context.sources.items() if p.split(".")[0] not in changed}
-        sources = kept | dict.fromkeys(changed, Source("human"))
-        return Version(self.version, r.tool, e.input, e.preview, sources, e)
-
-    @property
-    def escalated(self) -> bool:
-        return self.escalation is not None and self.escalation.state == EscalationState.ESCALATED
-
-    @property
-    def state(self) -> ApprovalState:
-        match self.decision:
-            case None:
-                return A.PENDING
-            case Approved():
-                return A.APPROVED
-            case Denied():
-                return A.DENIED
-            case Expired():
-                return A.EXPIRED
-            case Answered():
-                return A.ANSWERED
-
-    @property
-    def execution_state(self) -> ExecutionState:
-        match self.execution:
-            case NotStarted():
-                return E.NOT_STARTED
-            case Started():
-                return E.STARTED
-            case Finished():
-                return E.FINISHED
-
-
-@dataclass(frozen=True)
-class PausedTurn:
-    """A turn stopped on interrupts: the Genkit snapshot a resume continues from."""
-
-    id: str
-    conversation_id: str
-    thread: Thread
-    session_id: str
-    snapshot_id: str
-    at: datetime
-
-
-@dataclass(frozen=True)
-class Claim:
-    """The right to resume one turn: held by whoever CLAIMed it, until its lease runs out or
-    a later claim (attempt) replaces it."""
-
-    turn_id: str
-    conversation_id: str
-    thread: Thread
-    snapshot_id: str
-    attempt: int
-    approvals: tuple[Approval, ...]
-
-
-@dataclass(frozen=True)
-class AuditEntry:
-    """One row of the append-only audit trail."""
-
-    at: datetime
-    actor: str
-    action: str
-    tool: str | None
-    approval_id: str | None
-    detail: dict[str, Any]
 
 
 class IllegalTransition(Exception):

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-from storage.lifecycle import (
+from storage.domain import (
     ApprovalState,
     CardState,
     EscalationState,
@@ -177,9 +177,10 @@ class ApprovalRow(Base):
     # The call's current version: 1 as the agent asked it, the next for each edit. What an
     # approver saw is named by it; a decision on another version changes nothing.
     version: Mapped[int] = mapped_column(Integer, server_default="1")
-    # The model's own arguments, when the tool's schema coerced them into `input` (a
-    # restart of the call must carry them exactly); NULL when they are `input`.
-    asked_input: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The model's own arguments (any JSON value), when the tool's schema coerced them into
+    # `input` or they are not an object (a restart of the call must carry them exactly);
+    # NULL when they are `input`.
+    asked_input: Mapped[Any] = mapped_column(JSON, nullable=True)
     status: Mapped[ApprovalState] = mapped_column(_enum(ApprovalState))
     decided_by: Mapped[str | None] = mapped_column(String(32))
     decided_at: Mapped[datetime | None]

@@ -1,10 +1,14 @@
-"""Per-tool policy rows: read at every tool call, changed by admins (with their audit row)."""
+"""Per-tool policy rows: read at every tool call, changed by admins (with their audit row).
+
+A row keeps a `StoredPolicy` (storage/policy_spec.py) in its columns: approvers split into
+users and groups, durations in seconds, rules as JSON. `stored_policy` and `_columns` are
+the one mapping between the two.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -12,13 +16,16 @@ import sqlalchemy as sa
 from storage import audit
 from storage.db import SessionFactory, autocommit
 from storage.models import PolicyRow
+from storage.policy_spec import CHANGEABLE, Rule, StoredPolicy, split_principals
 
 _P = cast(sa.Table, PolicyRow.__table__)
 _TEAM = _P.c.team_id == sa.bindparam("team_id")
 # Read at every tool call: a prebuilt Core query, not the ORM's identity-map get.
 GET = sa.select(_P).where(_TEAM, _P.c.tool == sa.bindparam("tool"))
 ALL = sa.select(_P).where(_TEAM)
-CHANGEABLE = (
+# The row's columns a StoredPolicy is read from.
+POLICY_FIELDS = (
+    "tool",
     "allowed",
     "channel",
     "approver_users",
@@ -31,43 +38,63 @@ CHANGEABLE = (
     "escalate_to",
     "escalate_approvers",
 )
-POLICY_FIELDS = ("tool", *CHANGEABLE)
-
-
-@dataclass(frozen=True)
-class StoredPolicy:
-    """What an admin set for one tool; None and () mean "the configured default"."""
-
-    tool: str
-    allowed: bool = False
-    channel: str | None = None
-    approver_users: tuple[str, ...] = ()
-    approver_groups: tuple[str, ...] = ()
-    timeout_seconds: int | None = None
-    approvals: int | None = None
-    rules: tuple[dict[str, Any], ...] = ()  # as POLICY_FILE writes them (agent/policy.py)
-    remind_after_seconds: int | None = None
-    escalate_after_seconds: int | None = None
-    escalate_to: str | None = None
-    escalate_approvers: tuple[str, ...] = ()
+_SECONDS = {
+    "timeout": "timeout_seconds",
+    "remind_after": "remind_after_seconds",
+    "escalate_after": "escalate_after_seconds",
+}
 
 
 def stored_policy(row: Mapping[Any, Any]) -> StoredPolicy:
-    """A policy row's POLICY_FIELDS as the value."""
-    return StoredPolicy(
+    """A policy row's POLICY_FIELDS as the value (not checked again: storage wrote it)."""
+    return StoredPolicy.model_construct(
         tool=row["tool"],
         allowed=row["allowed"],
         channel=row["channel"],
-        approver_users=tuple(row["approver_users"]),
-        approver_groups=tuple(row["approver_groups"]),
-        timeout_seconds=row["timeout_seconds"],
+        approvers=(*row["approver_users"], *row["approver_groups"]),
         approvals=row["approvals"],
-        rules=tuple(row["rules"] or ()),
-        remind_after_seconds=row["remind_after_seconds"],
-        escalate_after_seconds=row["escalate_after_seconds"],
+        timeout=_delta(row["timeout_seconds"]),
+        rules=tuple(_rule(r) for r in row["rules"] or ()),
+        remind_after=_delta(row["remind_after_seconds"]),
+        escalate_after=_delta(row["escalate_after_seconds"]),
         escalate_to=row["escalate_to"],
         escalate_approvers=tuple(row["escalate_approvers"] or ()),
     )
+
+
+def _columns(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """A StoredPolicy's changed fields as the row's columns (JSON-ready)."""
+    columns: dict[str, Any] = {}
+    for field, value in changes.items():
+        if field == "approvers":
+            users, groups = split_principals(value)
+            columns |= {"approver_users": list(users), "approver_groups": list(groups)}
+        elif field in _SECONDS:
+            columns[_SECONDS[field]] = None if value is None else int(value.total_seconds())
+        elif field == "rules":
+            columns["rules"] = [_rule_json(r) for r in value]
+        else:
+            columns[field] = list(value) if isinstance(value, tuple) else value
+    return columns
+
+
+def _rule_json(rule: Rule) -> dict[str, Any]:
+    """A rule as a row keeps it: its fields, the timeout in seconds."""
+    kept = rule.model_dump(mode="json", exclude_none=True, exclude={"timeout"})
+    if rule.timeout is not None:
+        kept["timeout_seconds"] = int(rule.timeout.total_seconds())
+    return kept
+
+
+def _rule(kept: Mapping[str, Any]) -> Rule:
+    fields = {k: v for k, v in kept.items() if k != "timeout_seconds"}
+    if (seconds := kept.get("timeout_seconds")) is not None:
+        fields["timeout"] = timedelta(seconds=seconds)
+    return Rule.model_validate(fields)
+
+
+def _delta(seconds: int | None) -> timedelta | None:
+    return None if seconds is None else timedelta(seconds=seconds)
 
 
 class PolicyStore:
@@ -96,9 +123,11 @@ class PolicyStore:
         allowed_when_new: bool = False,
     ) -> StoredPolicy:
         """Apply `changes` (fields of CHANGEABLE) to the tool's row, creating it the first
-        time (allowed or not as the tool's default is), and audit them: one transaction."""
+        time (allowed or not as the tool's default is), and audit them (as the row's
+        columns): one transaction."""
         if unknown := set(changes) - set(CHANGEABLE):
             raise ValueError(f"not policy fields: {sorted(unknown)}")
+        columns = _columns(changes)
         async with self._sessions.begin() as db:
             row = await db.get(PolicyRow, (team_id, tool), with_for_update=True)
             if row is None:
@@ -112,8 +141,8 @@ class PolicyStore:
                     escalate_approvers=[],
                 )
                 db.add(row)
-            for key, value in changes.items():
-                setattr(row, key, list(value) if isinstance(value, tuple) else value)
+            for key, value in columns.items():
+                setattr(row, key, value)
             row.updated_at = now
             row.updated_by = by
             event = audit.entry(
@@ -122,7 +151,7 @@ class PolicyStore:
                 actor=by,
                 action="policy_changed",
                 tool=tool,
-                changes={k: list(v) if isinstance(v, tuple) else v for k, v in changes.items()},
+                changes=columns,
             )
             await db.execute(audit.INSERT, event)
             return stored_policy({f: getattr(row, f) for f in POLICY_FIELDS})

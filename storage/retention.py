@@ -31,7 +31,8 @@ from typing import Any, cast
 import sqlalchemy as sa
 
 from storage.db import SessionFactory, autocommit
-from storage.lifecycle import OPEN_TURN, ApprovalState
+from storage.domain import ApprovalState
+from storage.lifecycle import OPEN_TURN
 from storage.models import (
     ApprovalRow,
     AuditRow,

@@ -15,7 +15,8 @@ from typing import Any, cast
 import sqlalchemy as sa
 
 from storage.db import SessionFactory, autocommit
-from storage.lifecycle import ApprovalState, Requirement, Subject, Transition
+from storage.domain import ApprovalState
+from storage.lifecycle import Requirement, Subject, Transition
 from storage.models import ApprovalRow, ConversationRow, SeenEventRow, TurnRow, VoteRow
 
 A, T, C, S, V = (

@@ -17,7 +17,7 @@ from pydantic import SecretStr
 
 from agent import policy_file
 from bot import __version__
-from bot.server import SLACK_PATH
+from bot.routes import SLACK_PATH
 from bot.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]

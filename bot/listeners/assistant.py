@@ -9,9 +9,9 @@ from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import Thread
 from bot.deps import Deps
-from bot.listeners.fields import message_ts, obj, slack_id
+from bot.listeners.shared import message_ts, obj, slack_id
+from storage.domain import Thread
 
 log = logging.getLogger(__name__)
 

@@ -21,12 +21,14 @@ from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncRespond
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.keys import ApiKey, BadName, NameTaken
-from agent.policy import Policy, Rule, UnknownTool, split_principals
+from agent.policy import Policy, UnknownTool
 from agent.policy_cases import Outcome, decide
-from agent.workflow import CardState, Workflow
-from bot.blocks import escape
+from agent.workflow import Workflow
 from bot.deps import Deps
-from bot.listeners.fields import slack_id
+from bot.listeners.shared import slack_id
+from bot.safe_text import escape
+from storage.domain import CardState
+from storage.policy_spec import Rule, split_principals
 
 HELP = """*`/approvals`* — who approves what the agent does
 • `list` — every tool: allowed or needs approval, channel, approvers, timeout
@@ -133,9 +135,9 @@ def policy_change(verb: str, args: list[str]) -> dict[str, Any]:
     if verb == "timeout":
         if len(args) != 1:
             raise Usage("Usage: `/approvals timeout <tool> <duration>`, e.g. `4h`")
-        return {"timeout_seconds": int(parse_duration(args[0]).total_seconds())}
+        return {"timeout": parse_duration(args[0])}
     if args == ["channel"]:
-        return {"approver_users": [], "approver_groups": []}
+        return {"approvers": []}
     users, groups = [], []
     for arg in args:
         if user := USER.match(arg):
@@ -146,7 +148,7 @@ def policy_change(verb: str, args: list[str]) -> dict[str, Any]:
             raise Usage("Usage: `/approvals approvers <tool> @user @group…` (mention them)")
     if not users and not groups:
         raise Usage("Name at least one @user or @group, or `channel` to reset.")
-    return {"approver_users": users, "approver_groups": groups}
+    return {"approvers": users + groups}
 
 
 async def change(c: Invocation) -> str:
@@ -158,7 +160,7 @@ async def change(c: Invocation) -> str:
     if refused := await public_channel_refusal(c, tool, changes):
         return refused
     policy = await c.deps.workflow.policies.change(c.team, tool, by=c.user, **changes)
-    return "Done.\n" + describe(policy, asks=c.deps.workflow.asks(tool))
+    return "Done.\n" + describe(policy, asks=c.deps.workflow.runtime.asks(tool))
 
 
 async def public_channel_refusal(c: Invocation, tool: str, changes: dict[str, Any]) -> str | None:
@@ -172,8 +174,8 @@ async def public_channel_refusal(c: Invocation, tool: str, changes: dict[str, An
     current = await policies.get(c.team, tool)
     channel = changes.get("channel", current.channel)
     named = current.names_approvers
-    if "approver_users" in changes:
-        named = bool(changes["approver_users"] or changes["approver_groups"])
+    if "approvers" in changes:
+        named = bool(changes["approvers"])
     if named or channel is None or await c.deps.people.is_private(c.client, channel):
         return None
     name = escape(tool)
@@ -191,7 +193,7 @@ async def list_tools(c: Invocation) -> str:
 async def policy_summary(workflow: Workflow, team: str) -> str:
     """Every tool's policy, a line each: `/approvals list`, and admins' Home tab."""
     policies = await workflow.policies.all(team)
-    return "\n".join(describe(p, asks=workflow.asks(p.tool)) for p in policies) or (
+    return "\n".join(describe(p, asks=workflow.runtime.asks(p.tool)) for p in policies) or (
         "No tools are loaded."
     )
 
@@ -220,7 +222,7 @@ async def list_pending(c: Invocation) -> str:
     rest, page = page_of(c.args, "/approvals pending [page]")
     if rest:
         raise Usage("Usage: `/approvals pending [page]`")
-    found = await c.deps.workflow.pending(
+    found = await c.deps.workflow.reads.pending(
         c.team, limit=PAGE_SIZE + 1, offset=(page - 1) * PAGE_SIZE
     )
     lines = []
@@ -242,7 +244,7 @@ async def audit_trail(c: Invocation) -> str:
     if len(rest) > 1:
         raise Usage("Usage: `/approvals audit [tool] [page]`")
     tool = rest[0] if rest else None
-    trail = await c.deps.workflow.audit_trail(
+    trail = await c.deps.workflow.reads.audit_trail(
         c.team, tool, limit=PAGE_SIZE + 1, offset=(page - 1) * PAGE_SIZE
     )
     lines = [

@@ -11,12 +11,12 @@ from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import AnsweredInThread, Thread
-from bot import blocks
+from agent.outcomes import AnsweredInThread
+from bot import messages
 from bot.assistant import is_assistant_thread, title_of
 from bot.deps import Deps
-from bot.listeners.actions import settled
-from bot.listeners.fields import message_ts, obj, slack_id
+from bot.listeners.shared import message_ts, obj, settled, slack_id
+from storage.domain import Thread
 
 log = logging.getLogger(__name__)
 
@@ -65,26 +65,7 @@ async def handle(
     in_channel = not mention and event.get("channel_type") != "im"
     if in_channel and bot_mention in text:
         return
-    try:
-        if in_channel and not await deps.workflow.knows(thread):
-            return
-        if not await deps.workflow.accept_event(event_id):
-            return  # Slack's retry of an event already handled
-        admission = await deps.limits.admit(team, event["user"])
-    except Exception:
-        # The database is down: a retry cannot be told apart nor the message counted, so
-        # nothing runs, and whoever was talking to the bot (a DM or a mention: a channel
-        # thread might not be ours) is told. Slack's retries may repeat the notice.
-        log.exception("database unavailable for event %s", event_id)
-        if not in_channel:
-            await deps.delivery.say(client, thread, blocks.failure_message(retrying=False))
-        return
-    if not admission.run:
-        if admission.tell and admission.over is not None:
-            await deps.delivery.say(client, thread, blocks.slow_down_message(admission.over))
-        return
-    if deps.background.full():
-        await deps.delivery.say(client, thread, blocks.overloaded_message())
+    if not await admitted(deps, client, thread, event_id, event["user"], in_channel=in_channel):
         return
     text = re.sub(rf"{re.escape(bot_mention)}\s*", "", text).strip()
     # An assistant thread shows Slack's status line instead of a placeholder. Elsewhere a
@@ -93,10 +74,46 @@ async def handle(
     assistant = is_assistant_thread(event)
     posting = None
     if text and not assistant and not deps.background.has_room():
-        thinking = blocks.thinking_message()
+        thinking = messages.thinking_message()
         posting = asyncio.create_task(deps.delivery.say(client, thread, thinking))
     turn = run_turn(deps, client, thread, event["user"], text, posting, assistant=assistant)
     deps.background.spawn(turn, name="turn")
+
+
+async def admitted(
+    deps: Deps,
+    client: AsyncWebClient,
+    thread: Thread,
+    event_id: str,
+    user: str,
+    *,
+    in_channel: bool,
+) -> bool:
+    """Whether a message starts a turn: in a thread the bot is part of (for a channel
+    message), not a retry, within the message limits and the backlog; whoever is not
+    served is told why, where that helps."""
+    try:
+        if in_channel and not await deps.workflow.turns.knows(thread):
+            return False
+        if not await deps.workflow.turns.accept_event(event_id):
+            return False  # Slack's retry of an event already handled
+        admission = await deps.limits.admit(thread.team_id, user)
+    except Exception:
+        # The database is down: a retry cannot be told apart nor the message counted, so
+        # nothing runs, and whoever was talking to the bot (a DM or a mention: a channel
+        # thread might not be ours) is told. Slack's retries may repeat the notice.
+        log.exception("database unavailable for event %s", event_id)
+        if not in_channel:
+            await deps.delivery.say(client, thread, messages.failure_message(retrying=False))
+        return False
+    if not admission.run:
+        if admission.tell and admission.over is not None:
+            await deps.delivery.say(client, thread, messages.slow_down_message(admission.over))
+        return False
+    if deps.background.full():
+        await deps.delivery.say(client, thread, messages.overloaded_message())
+        return False
+    return True
 
 
 async def run_turn(
@@ -115,23 +132,25 @@ async def run_turn(
     card) need not wait for Slack's round trip. No text, no turn: a greeting.
     """
     if not text:
-        await deps.delivery.say(client, thread, blocks.reply_message(HELLO))
+        await deps.delivery.say(client, thread, messages.reply_message(HELLO))
         return
     titling = None
     if assistant:
         deps.assistant.saw(thread)  # it has a status line (resumes will show it too)
     # The first message names the thread in the assistant's history (asked before the
     # turn makes the thread known).
-    if assistant and not await deps.workflow.knows(thread):
+    if assistant and not await deps.workflow.turns.knows(thread):
         titling = asyncio.create_task(title(client, thread, text))
     elif not assistant and posting is None:
-        posting = asyncio.create_task(deps.delivery.say(client, thread, blocks.thinking_message()))
+        posting = asyncio.create_task(
+            deps.delivery.say(client, thread, messages.thinking_message())
+        )
     deps.delivery.warm_link(client, thread)  # the card names the thread, if there is a card
     streams = deps.delivery.streams(client)
     streams.open(thread, user, posting)
     viewing = deps.assistant.viewing(thread) if assistant else None
     try:
-        outcome = await deps.workflow.start_turn(
+        outcome = await deps.workflow.turns.start(
             thread, user, text, on_text=streams, viewing=viewing
         )
     finally:

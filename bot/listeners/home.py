@@ -9,7 +9,7 @@ from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.deps import Deps
-from bot.listeners.fields import obj, slack_id
+from bot.listeners.shared import obj, slack_id
 
 
 async def on_home_opened(

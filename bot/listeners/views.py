@@ -9,11 +9,10 @@ from typing import Any
 from slack_bolt.async_app import AsyncAck, AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent.workflow import DecisionRefused, InvalidAnswer
-from bot import blocks, forms
+from agent.outcomes import DecisionRefused, InvalidAnswer
+from bot import forms, modals, refusals
 from bot.deps import Deps
-from bot.listeners.actions import facts_for, in_modal, seen_in, settled
-from bot.listeners.fields import obj
+from bot.listeners.shared import Interaction, facts_for, in_modal, obj, seen_in, settled
 
 MAX_REASON = 500
 
@@ -26,19 +25,18 @@ def metadata(body: dict[str, Any]) -> dict[str, Any]:
         return {}
 
 
-def submitted(body: dict[str, Any]) -> tuple[str, str, str | None, str, str | None] | None:
-    """(team, user, channel, approval id, reason) from a view_submission, or None."""
+def submitted(body: dict[str, Any]) -> tuple[Interaction, str | None] | None:
+    """The Interaction of a denial's view_submission, and its reason; or None."""
     opened = in_modal(body)
     if opened is None:
         return None
-    team, user, channel, approval_id = opened
     field = obj(obj(obj(obj(body.get("view")).get("state")).get("values")).get("reason"))
     reason = obj(field.get("reason")).get("value")
     if isinstance(reason, str):  # free text; PostgreSQL stores no NUL
         reason = reason.replace("\x00", "").strip()[:MAX_REASON] or None
     else:
         reason = None
-    return team, user, channel, approval_id, reason
+    return opened, reason
 
 
 async def on_deny_submitted(
@@ -48,16 +46,22 @@ async def on_deny_submitted(
     if parsed is None:
         await ack()
         return
-    team, user, channel, approval_id, reason = parsed
+    asked, reason = parsed
     # A modal is in no channel: who may decide is asked of Slack again, membership included.
-    facts = facts_for(deps, client, user, channel, home=True)
+    facts = facts_for(deps, client, asked, home=True)
     seen = seen_in(metadata(body).get("seen"))
     try:
-        decided = await deps.workflow.decide(
-            team, approval_id, user, approve=False, reason=reason, facts=facts, seen=seen
+        decided = await deps.workflow.decisions.decide(
+            asked.team,
+            asked.approval_id,
+            asked.user,
+            approve=False,
+            reason=reason,
+            facts=facts,
+            seen=seen,
         )
     except DecisionRefused as refusal:
-        text = blocks.refusal_text(refusal.reason, refusal.approval)
+        text = refusals.refusal_text(refusal.reason, refusal.approval)
         await ack(response_action="errors", errors={"reason": text})
         if refusal.reason in ("already_decided", "changed") and refusal.approval is not None:
             await deps.delivery.refresh_card(client, refusal.approval)  # the state changed
@@ -72,13 +76,14 @@ async def on_answer_submitted(
     """The answer to a question: free text, or its tool's form; checked, then recorded once.
     Whatever is wrong is shown in the modal, next to the input it concerns."""
     opened = in_modal(body)
-    approval = await deps.workflow.approval(opened[0], opened[3]) if opened else None
+    approval = (
+        await deps.workflow.reads.approval(opened.team, opened.approval_id) if opened else None
+    )
     if opened is None or approval is None:
         await ack()
         return
-    team, user, channel, approval_id = opened
     state = obj(obj(obj(body.get("view")).get("state")).get("values"))
-    form = deps.workflow.question_form(approval.request.tool)
+    form = deps.workflow.runtime.question_form(approval.request.tool)
     answer: Any
     if form is not None:
         answer, errors = forms.form_values(form, state)
@@ -89,9 +94,11 @@ async def on_answer_submitted(
     if errors:
         await ack(response_action="errors", errors=errors)
         return
-    facts = facts_for(deps, client, user, channel, home=True)  # asked of Slack again
+    facts = facts_for(deps, client, opened, home=True)  # asked of Slack again
     try:
-        decided = await deps.workflow.answer(team, approval_id, user, answer, facts=facts)
+        decided = await deps.workflow.decisions.answer(
+            opened.team, opened.approval_id, opened.user, answer, facts=facts
+        )
     except InvalidAnswer as invalid:
         shown = {
             k if k in forms.properties(form or {}) else first: v for k, v in invalid.errors.items()
@@ -99,7 +106,7 @@ async def on_answer_submitted(
         await ack(response_action="errors", errors=shown)
         return
     except DecisionRefused as refusal:
-        text = blocks.refusal_text(refusal.reason, refusal.approval)
+        text = refusals.refusal_text(refusal.reason, refusal.approval)
         await ack(response_action="errors", errors={first: text})
         if refusal.reason == "already_decided" and refusal.approval is not None:
             await deps.delivery.refresh_card(client, refusal.approval)  # the state changed
@@ -115,14 +122,17 @@ async def on_edit_submitted(
     approved once, if it is still the version the modal showed (fields left as they were
     keep their values exactly). A modal of an older version is shown the current one."""
     opened = in_modal(body)
-    approval = await deps.workflow.approval(opened[0], opened[3]) if opened else None
+    approval = (
+        await deps.workflow.reads.approval(opened.team, opened.approval_id) if opened else None
+    )
     form = (
-        deps.workflow.edit_form(approval.request.tool, approval.current.input) if approval else None
+        deps.workflow.runtime.edit_form(approval.request.tool, approval.current.input)
+        if approval
+        else None
     )
     if opened is None or approval is None or form is None:
         await ack()
         return
-    team, user, channel, approval_id = opened
     view = obj(body.get("view"))
     state = obj(obj(view.get("state")).get("values"))
     meta = metadata(body)
@@ -131,12 +141,12 @@ async def on_edit_submitted(
     if errors and seen == approval.version:
         await ack(response_action="errors", errors=errors)
         return
-    facts = facts_for(deps, client, user, channel, home=True)  # asked of Slack again
+    facts = facts_for(deps, client, opened, home=True)  # asked of Slack again
     fields = forms.properties(form)
     first = next(iter(fields), "")
     try:
-        decided = await deps.workflow.approve_with_changes(
-            team, approval_id, user, changed, facts=facts, seen=seen
+        decided = await deps.workflow.decisions.approve_with_changes(
+            opened.team, opened.approval_id, opened.user, changed, facts=facts, seen=seen
         )
     except InvalidAnswer as invalid:
         shown = {
@@ -146,11 +156,11 @@ async def on_edit_submitted(
         await ack(response_action="errors", errors=shown)
         return
     except DecisionRefused as refusal:
-        text = blocks.refusal_text(refusal.reason, refusal.approval)
+        text = refusals.refusal_text(refusal.reason, refusal.approval)
         now = refusal.approval
         if refusal.reason == "changed" and now is not None and now.decision is None:
             # The current version, in place of the one this modal showed.
-            update = blocks.edit_modal(now, forms.form_blocks(form, now.current.input), note=text)
+            update = modals.edit_modal(now, forms.form_blocks(form, now.current.input), note=text)
             update["private_metadata"] = json.dumps(meta | {"seen": now.version})
             await ack(response_action="update", view=update)
         else:

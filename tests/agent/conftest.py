@@ -14,8 +14,9 @@ from agent.models import Credentials, Resilience
 from agent.observer import DecisionOutcome, ExecutionOutcome, Observer, TurnOutcomeName
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import Thread, Workflow
+from agent.workflow import Workflow
 from storage.db import SessionFactory
+from storage.domain import Thread
 from tests import ledger_tools
 from tests.fakes.gemini import FakeGemini
 from tests.fakes.scripted_model import ScriptedModel

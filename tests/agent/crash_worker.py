@@ -33,10 +33,12 @@ from typing import Any, NoReturn
 from genkit.model import ModelRequest, ModelResponse
 
 from agent.assemble import build_workflow
+from agent.leases import LEASE
+from agent.outcomes import AwaitingApproval
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import LEASE, AwaitingApproval, Thread
 from storage.db import make_engine, make_session_factory
+from storage.domain import Thread
 from tests.fakes.scripted_model import ScriptedModel, calls, text, tool_responses
 
 PHASES = ("decided", "started", "finished", "turn")
@@ -100,7 +102,7 @@ async def main(phase: str, team: str, thread_ts: str) -> int:
         setup=model.register,
         lease=timedelta(seconds=float(lease)) if lease else LEASE,
     )
-    out = await workflow.start_turn(Thread(team, CHANNEL, thread_ts), REQUESTER, "send 500")
+    out = await workflow.turns.start(Thread(team, CHANNEL, thread_ts), REQUESTER, "send 500")
     if phase == "turn":
         say(f"UNEXPECTED start_turn returned {out!r}")
         return 1
@@ -108,13 +110,13 @@ async def main(phase: str, team: str, thread_ts: str) -> int:
         say(f"UNEXPECTED start_turn returned {out!r}")
         return 1
     [approval] = out.approvals
-    decided = await workflow.decide(
+    decided = await workflow.decisions.decide(
         team, approval.id, APPROVER, approve=True, facts=ApproverFacts(in_channel=True)
     )
     say(f"DECIDED {approval.id} {decided.turn_id}")
     if phase == "decided":
         await block_forever()
-    resumed = await workflow.continue_turn(decided.turn_id)
+    resumed = await workflow.turns.resume(decided.turn_id)
     say(f"UNEXPECTED continue_turn returned {resumed!r}")
     return 1
 

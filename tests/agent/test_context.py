@@ -14,7 +14,7 @@ from agent.context import (
     human_message,
     trace,
 )
-from agent.workflow import Source
+from storage.domain import Source
 
 AT = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
 

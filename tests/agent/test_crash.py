@@ -22,24 +22,15 @@ from typing import Any
 import pytest
 from genkit.model import ModelRequest, ModelResponse
 
-from agent.approval import UNKNOWN_OUTCOME
 from agent.assemble import build_workflow, new_uuid, utc_now
+from agent.gate import UNKNOWN_OUTCOME
 from agent.observer import Observer
+from agent.outcomes import AwaitingApproval, Busy, Reply, Resumed, SweepReport
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import (
-    Approved,
-    AwaitingApproval,
-    Busy,
-    Finished,
-    Reply,
-    Resumed,
-    Started,
-    SweepReport,
-    Thread,
-    Workflow,
-)
+from agent.workflow import Workflow
 from storage.db import SessionFactory
+from storage.domain import Approved, Finished, Started, Thread
 from tests import ledger_tools
 from tests.agent import crash_worker
 from tests.agent.conftest import IN_CHANNEL, Clock, Recorder, gemini_workflow
@@ -53,7 +44,7 @@ RECOVERY_TIMEOUT = 30.0  # a recovery that re-runs the "hang" tool must fail, no
 
 
 async def sweep(workflow: Workflow, team: str) -> SweepReport:
-    return await asyncio.wait_for(workflow.sweep(team), RECOVERY_TIMEOUT)
+    return await asyncio.wait_for(workflow.follow_ups.sweep(team), RECOVERY_TIMEOUT)
 
 
 def echo_tool_results(request: ModelRequest[Any]) -> ModelResponse:
@@ -199,7 +190,7 @@ async def test_crash_after_the_decision_resumes_once(
     [settled] = resumed.settled
     assert settled.id == approval_id and isinstance(settled.execution, Finished)
     assert (await sweep(r.workflow, team)).resumed == ()
-    assert await r.workflow.continue_turn(turn_id) is None
+    assert await r.workflow.turns.resume(turn_id) is None
     assert len(transfers()) == 1
 
 
@@ -224,7 +215,7 @@ async def test_crash_while_the_tool_runs_reports_an_unknown_outcome(
     [settled] = resumed.settled
     assert settled.id == approval_id and isinstance(settled.execution, Started)
     assert isinstance(settled.decision, Approved)
-    actions = [e.action for e in await r.workflow.audit_trail(team)]
+    actions = [e.action for e in await r.workflow.reads.audit_trail(team)]
     assert "execution_started" in actions and "executed" not in actions
     assert seen.executions == [("transferMoney", "unknown")]
 
@@ -278,9 +269,9 @@ async def test_a_thread_whose_turn_died_with_its_process_is_free_within_a_lease(
         await w.expect("MODEL_CALLED")
         killed = time.monotonic()
         await w.kill()
-    assert isinstance(await r.workflow.start_turn(thread, "U_EMP", "hello?"), Busy)
+    assert isinstance(await r.workflow.turns.start(thread, "U_EMP", "hello?"), Busy)
     deadline = killed + lease + 10  # the dead hold's time left, and slack
-    while isinstance(out := await r.workflow.start_turn(thread, "U_EMP", "hello?"), Busy):
+    while isinstance(out := await r.workflow.turns.start(thread, "U_EMP", "hello?"), Busy):
         assert time.monotonic() < deadline, "the dead turn held its thread past its lease"
         await asyncio.sleep(0.5)  # poll: each try changes nothing while the thread is held
     assert isinstance(out, Reply) and len(r.model.requests) == 1
@@ -293,14 +284,16 @@ async def test_real_gemini_plugin_interrupt_approve_and_resume(
     async with FakeGemini() as gemini:
         gemini.script(function_call("transferMoney", transfer, id="call-1"), gemini_text("Sent."))
         workflow = gemini_workflow(pg_sessions, gemini)
-        out = await workflow.start_turn(Thread(team, "D0GEM", "5.1"), "U_EMP", "send 500")
+        out = await workflow.turns.start(Thread(team, "D0GEM", "5.1"), "U_EMP", "send 500")
         assert isinstance(out, AwaitingApproval)
         [approval] = out.approvals
         assert (approval.request.tool, approval.request.input) == ("transferMoney", transfer)
         assert gemini.function_responses() == [] and transfers() == []
 
-        decided = await workflow.decide(team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL)
-        resumed = await workflow.continue_turn(decided.turn_id)
+        decided = await workflow.decisions.decide(
+            team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL
+        )
+        resumed = await workflow.turns.resume(decided.turn_id)
         assert resumed is not None and isinstance(resumed.outcome, Reply)
         assert resumed.outcome.text == "Sent."
         [entry] = transfers()

@@ -12,10 +12,12 @@ from sqlalchemy import event, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agent.assemble import build_workflow
+from agent.outcomes import Failed, Reply
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import Failed, Reply, Thread, Workflow
+from agent.workflow import Workflow
 from storage.db import make_engine, make_session_factory
+from storage.domain import Thread
 from storage.models import ApprovalRow, ConversationRow, MessageRow, SnapshotRow
 from tests.agent.conftest import gemini_workflow
 from tests.conftest import pg_test_url
@@ -91,7 +93,7 @@ async def test_connection_killed_mid_save_fails_cleanly_and_next_message_works(
     model.script(scripted_text("first answer"))
     killed = kill_connection_on(fault_engine, "INSERT INTO AGENT_MESSAGES")
 
-    outcome = await workflow.start_turn(thread, "U_EMP", "hello")
+    outcome = await workflow.turns.start(thread, "U_EMP", "hello")
 
     assert killed, "the fault was never injected"
     assert outcome == Failed(thread)
@@ -101,7 +103,7 @@ async def test_connection_killed_mid_save_fails_cleanly_and_next_message_works(
     assert await count(pg_engine, ApprovalRow, team) == 0
 
     model.script(scripted_text("second answer"))
-    second = await workflow.start_turn(thread, "U_EMP", "hello again")
+    second = await workflow.turns.start(thread, "U_EMP", "hello again")
     assert second == Reply(thread, "second answer")
     assert await snapshots(pg_engine, team) == {"failed": 1, "completed": 1}
     await assert_every_snapshot_whole(pg_engine, team)
@@ -118,10 +120,10 @@ async def test_gemini_error_is_reported_and_the_session_stays_usable(
         workflow = gemini_workflow(pg_sessions, gemini)
         thread = Thread(team, "D0FAULT", "2.0")
         gemini.script(text("hi there"), error(503, "overloaded"), text("back again"))
-        assert await workflow.start_turn(thread, "U_EMP", "hi") == Reply(thread, "hi there")
-        failed = await workflow.start_turn(thread, "U_EMP", "still there?")
+        assert await workflow.turns.start(thread, "U_EMP", "hi") == Reply(thread, "hi there")
+        failed = await workflow.turns.start(thread, "U_EMP", "still there?")
         assert failed == Failed(thread, model_unavailable=True)
-        assert await workflow.start_turn(thread, "U_EMP", "now?") == Reply(thread, "back again")
+        assert await workflow.turns.start(thread, "U_EMP", "now?") == Reply(thread, "back again")
         # The failed turn left no trace in what the model sees next.
         last = gemini.generate_requests()[-1].json
         assert last is not None
@@ -136,9 +138,9 @@ async def test_a_model_that_never_answers_times_out_and_frees_the_thread(
         workflow = gemini_workflow(pg_sessions, gemini, timeout=0.5)
         thread = Thread(team, "D0FAULT", "3.0")
         gemini.script(text("too late", delay=5), text("on time"))
-        failed = await workflow.start_turn(thread, "U_EMP", "slow?")
+        failed = await workflow.turns.start(thread, "U_EMP", "slow?")
         assert failed == Failed(thread, model_unavailable=True)  # it never answered
-        assert await workflow.start_turn(thread, "U_EMP", "again") == Reply(thread, "on time")
+        assert await workflow.turns.start(thread, "U_EMP", "again") == Reply(thread, "on time")
 
 
 async def test_pooled_connections_killed_while_idle_are_replaced_before_the_next_turn(
@@ -148,7 +150,7 @@ async def test_pooled_connections_killed_while_idle_are_replaced_before_the_next
     workflow, model = scripted_workflow(fault_engine)
     thread = Thread(team, "D0FAULT", "4.0")
     model.script(scripted_text("first answer"), scripted_text("second answer"))
-    assert await workflow.start_turn(thread, "U_EMP", "hello") == Reply(thread, "first answer")
+    assert await workflow.turns.start(thread, "U_EMP", "hello") == Reply(thread, "first answer")
     async with fault_engine.connect() as conn:
         pid = (await conn.execute(select(func.pg_backend_pid()))).scalar_one()
         hung_up = asyncio.Event()
@@ -160,4 +162,4 @@ async def test_pooled_connections_killed_while_idle_are_replaced_before_the_next
     async with asyncio.timeout(5):  # until this process has seen the server hang up
         await hung_up.wait()
 
-    assert await workflow.start_turn(thread, "U_EMP", "again") == Reply(thread, "second answer")
+    assert await workflow.turns.start(thread, "U_EMP", "again") == Reply(thread, "second answer")

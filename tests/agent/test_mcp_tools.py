@@ -24,7 +24,7 @@ from agent import mcp_tools, policy_file
 from agent.mcp_config import McpServer, McpServers
 from agent.mcp_tools import TOOLS_MAX, Backoff, McpTools, hint, result_output
 from agent.runtime import AgentConfig, AgentRuntime, build_runtime
-from bot.server import mcp_servers
+from bot.mcp_servers import mcp_servers
 from bot.settings import ConfigError, Settings, load_settings
 from tests import mcp_tickets
 from tests.conftest import poll

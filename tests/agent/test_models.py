@@ -12,7 +12,8 @@ from genkit.model import ModelRequest, ModelResponse
 from genkit.plugin_api import ActionKind
 
 from agent.models import Credentials, ModelPluginError, Resilience, plugins
-from agent.workflow import MAX_RESUME_ATTEMPTS, RETRY_DELAY, AwaitingApproval, Failed, Resumed
+from agent.outcomes import AwaitingApproval, Failed, Resumed
+from agent.turns import MAX_RESUME_ATTEMPTS, RETRY_DELAY
 from storage.db import SessionFactory
 from tests.agent.conftest import IN_CHANNEL, NO_RETRY, harness
 from tests.fakes.scripted_model import calls
@@ -29,18 +30,18 @@ async def test_a_resume_the_model_fails_retries_then_says_the_model_is_unavailab
     h = harness(pg_sessions, team, NO_RETRY)
     h.model.script(calls(("transferMoney", {"amount": 5, "toAccount": "1"})))
     h.model.script(*[down] * MAX_RESUME_ATTEMPTS)
-    out = await h.workflow.start_turn(h.thread(), "U_EMP", "send 5 to 1")
+    out = await h.workflow.turns.start(h.thread(), "U_EMP", "send 5 to 1")
     assert isinstance(out, AwaitingApproval)
     [approval] = out.approvals
-    await h.workflow.decide(h.team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL)
+    await h.workflow.decisions.decide(h.team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL)
 
     outcomes: list[Resumed] = []
-    first = await h.workflow.continue_turn(approval.turn_id)
+    first = await h.workflow.turns.resume(approval.turn_id)
     assert first is not None
     outcomes.append(first)
     while len(outcomes) < MAX_RESUME_ATTEMPTS:
         h.clock.advance(seconds=RETRY_DELAY.total_seconds() + 1)
-        outcomes += (await h.workflow.sweep(h.team)).resumed
+        outcomes += (await h.workflow.follow_ups.sweep(h.team)).resumed
     thread = h.thread()
     assert [r.outcome for r in outcomes] == [
         Failed(thread, retrying=True, model_unavailable=True),

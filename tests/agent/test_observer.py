@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 from agent.assemble import build_workflow, new_uuid
+from agent.outcomes import AwaitingApproval, Busy, Reply
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import AwaitingApproval, Busy, Reply, Thread, Workflow
+from agent.workflow import Workflow
 from storage.db import SessionFactory
+from storage.domain import Thread
 from tests.agent.conftest import IN_CHANNEL, Clock, Recorder
 from tests.agent.test_workflow import TRANSFER, answer_with_tool_results
 from tests.fakes.scripted_model import ScriptedModel, calls
@@ -47,34 +49,34 @@ def o(pg_sessions: SessionFactory, team: str, ledger: Path) -> Observed:
 
 async def test_an_approval_is_observed_from_request_to_reply(o: Observed) -> None:
     o.model.script(calls(("transferMoney", TRANSFER)), answer_with_tool_results)
-    out = await o.workflow.start_turn(o.thread(), "U_EMP", "send 500 to 12345")
+    out = await o.workflow.turns.start(o.thread(), "U_EMP", "send 500 to 12345")
     assert isinstance(out, AwaitingApproval)
-    busy = await o.workflow.start_turn(o.thread(), "U_EMP", "hello?")
+    busy = await o.workflow.turns.start(o.thread(), "U_EMP", "hello?")
     assert isinstance(busy, Busy)
     assert [t for t, _ in o.seen.turns] == ["awaiting_approval", "busy"]
     assert o.seen.turns[1][1] is None  # a busy thread ran nothing
 
     o.clock.advance(minutes=5)
-    decided = await o.workflow.decide(
+    decided = await o.workflow.decisions.decide(
         o.team, out.approvals[0].id, "U_BOSS", approve=True, facts=IN_CHANNEL
     )
     assert o.seen.decisions == [("transferMoney", "approved", 300.0)]
-    resumed = await o.workflow.continue_turn(decided.turn_id)
+    resumed = await o.workflow.turns.resume(decided.turn_id)
     assert resumed is not None and isinstance(resumed.outcome, Reply)
     assert o.seen.executions == [("transferMoney", "ok")]
     assert [t for t, _ in o.seen.turns] == ["awaiting_approval", "busy", "reply"]
-    assert await o.workflow.continue_turn(decided.turn_id) is None  # nothing ran: not a turn
+    assert await o.workflow.turns.resume(decided.turn_id) is None  # nothing ran: not a turn
     assert len(o.seen.turns) == 3 and len(o.seen.decisions) == 1
 
 
 async def test_expiry_by_the_sweep_is_observed_once(o: Observed) -> None:
     o.model.script(calls(("transferMoney", TRANSFER)), answer_with_tool_results)
-    out = await o.workflow.start_turn(o.thread(), "U_EMP", "send")
+    out = await o.workflow.turns.start(o.thread(), "U_EMP", "send")
     assert isinstance(out, AwaitingApproval)
     o.clock.advance(hours=25)
-    report = await o.workflow.sweep(o.team)
+    report = await o.workflow.follow_ups.sweep(o.team)
     assert len(report.expired) == 1
-    await o.workflow.sweep(o.team)
+    await o.workflow.follow_ups.sweep(o.team)
     assert o.seen.decisions == [("transferMoney", "expired", 25 * 3600.0)]
     assert o.seen.executions == []  # an expired call never runs
     assert [t for t, _ in o.seen.turns] == ["awaiting_approval", "reply"]
@@ -82,7 +84,9 @@ async def test_expiry_by_the_sweep_is_observed_once(o: Observed) -> None:
 
 async def test_a_denial_is_observed_and_runs_nothing(o: Observed) -> None:
     o.model.script(calls(("transferMoney", TRANSFER)), answer_with_tool_results)
-    out = await o.workflow.start_turn(o.thread(), "U_EMP", "send")
+    out = await o.workflow.turns.start(o.thread(), "U_EMP", "send")
     assert isinstance(out, AwaitingApproval)
-    await o.workflow.decide(o.team, out.approvals[0].id, "U_BOSS", approve=False, facts=IN_CHANNEL)
+    await o.workflow.decisions.decide(
+        o.team, out.approvals[0].id, "U_BOSS", approve=False, facts=IN_CHANNEL
+    )
     assert o.seen.decisions == [("transferMoney", "denied", 0.0)]

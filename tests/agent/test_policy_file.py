@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.policy import POLICY_FILE_ACTOR, Policy, Rule, from_file
+from agent.policy import POLICY_FILE_ACTOR, Policy, from_file
 from agent.policy_file import PolicyFileError, check_tools, load, tool_timeouts
+from storage.policy_spec import Rule, StoredPolicy
 
 GOOD = """\
 defaults:
@@ -43,12 +44,14 @@ def test_a_good_file(tmp_path: Path) -> None:
     spec = policy.tools["transferMoney"]
     assert (spec.timeout, policy.defaults.timeout) == (timedelta(hours=4), timedelta(hours=24))
     assert tool_timeouts(policy) == {"transferMoney": timedelta(minutes=30)}  # to run, approved
-    assert "tool_timeout" not in from_file("transferMoney", policy)  # not stored: read at start
     stored = from_file("transferMoney", policy)
-    assert stored["approver_users"] == ["U012ABC"] and stored["approver_groups"] == ["S0TREASURY"]
-    assert stored["rules"][0] == {"when": "args.amount <= 100", "allow": True}
-    assert from_file("getBalance", policy) == {"allowed": True}
-    assert from_file("exportData", policy) == {}  # not named: left as it is
+    assert stored is not None and not hasattr(stored, "tool_timeout")  # read at start
+    assert stored.approvers == ("U012ABC", "S0TREASURY") and not stored.allowed
+    assert stored.rules[0] == Rule(when="args.amount <= 100", allow=True)
+    allowed = from_file("getBalance", policy)
+    assert allowed == StoredPolicy(tool="getBalance", allowed=True)
+    assert allowed.model_fields_set == {"tool", "allowed"}  # the file sets nothing else
+    assert from_file("exportData", policy) is None  # not named: left as it is
     assert POLICY_FILE_ACTOR == "policy-file"
 
 
@@ -104,9 +107,9 @@ POLICY = Policy(
     allowed=False,
     channel="C0FIN",
     rules=(
-        Rule("args.amount <= 100", allow=True),
-        Rule("args.amount > 10000", approvers=("UCFO",), timeout=timedelta(hours=1)),
-        Rule("args.amount * 2 > 1"),  # float * int: a CEL type error for 500.5
+        Rule(when="args.amount <= 100", allow=True),
+        Rule(when="args.amount > 10000", approvers=("UCFO",), timeout=timedelta(hours=1)),
+        Rule(when="args.amount * 2 > 1"),  # float * int: a CEL type error for 500.5
     ),
 )
 
@@ -126,7 +129,7 @@ def test_a_rule_that_cannot_be_evaluated_means_approval_and_says_which() -> None
     assert "could not be evaluated" in odd.why
     missing = POLICY.for_call({"to": "x"}, "UASK")
     assert not missing.allowed and "rule 1" in (missing.note or "")
-    strange = replace(POLICY, rules=(Rule("args.toAccount"),))
+    strange = replace(POLICY, rules=(Rule(when="args.toAccount"),))
     not_bool = strange.for_call({"amount": 500, "toAccount": "1"}, "UASK")
     assert not not_bool.allowed and "not true or false" in (not_bool.note or "")
 
@@ -145,9 +148,9 @@ def test_the_docs_example_is_a_policy_file_that_loads_and_holds_injected_values(
     path = write(tmp_path, match.group(1))
     policy = load(path)
     check_tools(path, policy, ["transferMoney", "getBalance", "exportData"])
-    rules = from_file("transferMoney", policy)["rules"]
-    stored = tuple(Rule.from_stored(r) for r in rules)
-    transfer = Policy("transferMoney", allowed=False, channel=None, rules=stored)
+    stored = from_file("transferMoney", policy)
+    assert stored is not None
+    transfer = Policy("transferMoney", allowed=False, channel=None, rules=stored.rules)
     small = {"amount": 50, "toAccount": "12345"}
     assert transfer.for_call(small, "U1", {"amount": "human", "toAccount": "human"}).allowed
     injected = transfer.for_call(small, "U1", {"amount": "human", "toAccount": "tool"})
@@ -158,8 +161,8 @@ def test_a_rule_that_cannot_be_evaluated_gives_the_strictest_rules_outcome() -> 
     strict = replace(
         POLICY,
         rules=(
-            Rule("args.amount <= 100", allow=True),
-            Rule("args.amount >= 100000", approvals=3, channel="C0LEADS", approvers=("UCFO",)),
+            Rule(when="args.amount <= 100", allow=True),
+            Rule(when="args.amount >= 100000", approvals=3, channel="C0LEADS", approvers=("UCFO",)),
         ),
     )
     failed = strict.for_call({"amount": "250000"}, "UASK")  # a string: no `<=` with an int

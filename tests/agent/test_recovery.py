@@ -19,25 +19,18 @@ from genkit.model import ModelRequest, ModelResponse
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from agent.approval import UNKNOWN_OUTCOME, ToolTimeouts, cut_off
 from agent.assemble import build_workflow
+from agent.gate import UNKNOWN_OUTCOME, ToolTimeouts, cut_off
+from agent.observer import Observer
+from agent.outcomes import AwaitingApproval, Reply, Resumed
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
-from agent.workflow import (
-    Approved,
-    AwaitingApproval,
-    Finished,
-    Reply,
-    Resumed,
-    Started,
-    Thread,
-    Workflow,
-)
+from agent.workflow import Workflow
 from storage.db import make_engine, make_session_factory
-from storage.lifecycle import TurnState
+from storage.domain import Approved, Finished, Started, Thread, TurnState
 from storage.models import TurnRow
 from tests import ledger_tools
-from tests.agent.conftest import IN_CHANNEL
+from tests.agent.conftest import IN_CHANNEL, Recorder
 from tests.conftest import pg_test_url, poll
 from tests.fakes.scripted_model import ScriptedModel, calls, text, tool_responses
 
@@ -63,6 +56,7 @@ def workflow(
     lease: float = 15,
     turn_timeout: float = 300,
     tool_timeouts: ToolTimeouts | None = None,
+    observer: Observer | None = None,
 ) -> Workflow:
     return build_workflow(
         make_session_factory(engine),
@@ -72,15 +66,16 @@ def workflow(
         lease=timedelta(seconds=lease),
         turn_timeout=timedelta(seconds=turn_timeout),
         tool_timeouts=tool_timeouts or ToolTimeouts(),
+        observer=observer,
     )
 
 
 async def approved_transfer(w: Workflow, team: str, to: str, ts: str = "1.1") -> str:
     """A turn that asks for one transfer to `to`, approved; its turn id."""
-    out = await w.start_turn(Thread(team, "D0RECOVER", ts), "U_EMP", f"send 500 to {to}")
+    out = await w.turns.start(Thread(team, "D0RECOVER", ts), "U_EMP", f"send 500 to {to}")
     assert isinstance(out, AwaitingApproval), out
     [approval] = out.approvals
-    decided = await w.decide(team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL)
+    decided = await w.decisions.decide(team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL)
     assert decided.turn_ready
     return decided.turn_id
 
@@ -146,7 +141,7 @@ async def test_a_tool_that_runs_longer_than_the_turn_timeout_is_not_cut_off(
     w = workflow(engine, model, turn_timeout=0.5)  # the model answers at once; the tool won't
     turn_id = await approved_transfer(w, team, "slow-1.5")
 
-    resumed = await w.continue_turn(turn_id)
+    resumed = await w.turns.resume(turn_id)
 
     assert resumed is not None and isinstance(resumed.outcome, Reply), resumed
     [settled] = resumed.settled
@@ -161,11 +156,12 @@ async def test_a_tool_past_its_own_timeout_is_stopped_and_its_outcome_is_unknown
     model = ScriptedModel()
     model.script(transfer("slow-30"), echo)
     limits = ToolTimeouts(timedelta(minutes=15), {"transferMoney": timedelta(seconds=0.5)})
-    w = workflow(engine, model, tool_timeouts=limits)
+    seen = Recorder()
+    w = workflow(engine, model, tool_timeouts=limits, observer=seen)
     turn_id = await approved_transfer(w, team, "slow-30")
 
     async with asyncio.timeout(10):  # stopped at 0.5 s, not after 30
-        resumed = await w.continue_turn(turn_id)
+        resumed = await w.turns.resume(turn_id)
 
     assert resumed is not None and isinstance(resumed.outcome, Reply), resumed
     [response] = tool_responses(model.requests[-1])
@@ -174,7 +170,8 @@ async def test_a_tool_past_its_own_timeout_is_stopped_and_its_outcome_is_unknown
     # It started and never finished: "outcome unknown" on the card, and never run again.
     assert isinstance(settled.decision, Approved) and isinstance(settled.execution, Started)
     assert len(ledger()) == 1 and ledger("transferMoney:finished") == []
-    assert await w.continue_turn(turn_id) is None
+    assert seen.executions == [("transferMoney", "unknown")]  # counted once, at the turn's end
+    assert await w.turns.resume(turn_id) is None
     assert "outcome is unknown" in str(cut_off("transferMoney", 0.5))
     assert "time limit" in str(UNKNOWN_OUTCOME)  # what a later resume would say of it
 
@@ -197,14 +194,14 @@ async def test_the_heartbeat_survives_dropped_connections_and_the_turn_completes
 
     async def sweep_all_along() -> None:
         while True:
-            taken.extend((await replica.sweep(team)).resumed)
+            taken.extend((await replica.follow_ups.sweep(team)).resumed)
             await asyncio.sleep(0.2)  # a replica's sweep interval
 
     caplog.set_level(logging.WARNING, logger="agent.workflow")
     sweeper = asyncio.create_task(sweep_all_along())
     try:
         async with asyncio.timeout(30):
-            resumed = await w.continue_turn(turn_id)
+            resumed = await w.turns.resume(turn_id)
     finally:
         sweeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -238,14 +235,14 @@ async def test_a_hanging_renewal_times_out_and_is_retried_before_the_lease_lapse
 
     async def sweep_all_along() -> None:
         while True:
-            taken.extend((await replica.sweep(team)).resumed)
+            taken.extend((await replica.follow_ups.sweep(team)).resumed)
             await asyncio.sleep(0.2)
 
     caplog.set_level(logging.WARNING, logger="agent.workflow")
     sweeper = asyncio.create_task(sweep_all_along())
     try:
         async with asyncio.timeout(30):
-            resumed = await w.continue_turn(turn_id)
+            resumed = await w.turns.resume(turn_id)
     finally:
         sweeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -272,7 +269,7 @@ async def test_a_resume_that_loses_its_lease_stops(
     turn_id = await approved_transfer(w, team, "12345")
     renewals(engine, kill_connection, times=100)
     caplog.set_level(logging.ERROR, logger="agent.workflow")
-    resume = asyncio.create_task(w.continue_turn(turn_id))
+    resume = asyncio.create_task(w.turns.resume(turn_id))
     try:
         async with asyncio.timeout(10):
             await slow.answering.wait()  # the tool ran; the model is answering
@@ -283,7 +280,7 @@ async def test_a_resume_that_loses_its_lease_stops(
         async with asyncio.timeout(10):
             while not taken:  # a replica's sweeps, until the lease has run out
                 await asyncio.sleep(0.1)
-                taken.extend((await replica.sweep(team)).resumed)
+                taken.extend((await replica.follow_ups.sweep(team)).resumed)
             # It stops by itself: the model it waits on never answers.
             assert await resume is None
     finally:
@@ -306,7 +303,7 @@ async def test_a_resume_cut_off_by_shutdown_is_let_go_and_the_next_sweep_takes_i
     model.script(transfer("12345"), slow)
     w = workflow(engine, model)  # the default lease: 15 s
     turn_id = await approved_transfer(w, team, "12345")
-    resume = asyncio.create_task(w.continue_turn(turn_id))
+    resume = asyncio.create_task(w.turns.resume(turn_id))
     async with asyncio.timeout(10):
         await slow.answering.wait()  # the tool ran; the model is answering
     resume.cancel()  # what Background.drain does once the shutdown grace is over
@@ -317,7 +314,7 @@ async def test_a_resume_cut_off_by_shutdown_is_let_go_and_the_next_sweep_takes_i
 
     replica_model = ScriptedModel()
     replica_model.script(echo)
-    report = await workflow(pg_engine, replica_model).sweep(team)  # no lease to wait out
+    report = await workflow(pg_engine, replica_model).follow_ups.sweep(team)  # no lease to wait out
     [resumed] = report.resumed
     assert isinstance(resumed.outcome, Reply)
     [response] = tool_responses(replica_model.requests[-1])
@@ -338,13 +335,13 @@ async def test_a_first_turn_cut_off_by_shutdown_frees_its_thread(
     model.script(slow, text("here now"))
     w = workflow(engine, model)
     thread = Thread(team, "D0RECOVER", "2.1")
-    turn = asyncio.create_task(w.start_turn(thread, "U_EMP", "hello"))
+    turn = asyncio.create_task(w.turns.start(thread, "U_EMP", "hello"))
     async with asyncio.timeout(10):
         await slow.answering.wait()
     turn.cancel()
     with pytest.raises(asyncio.CancelledError):
         await turn
     # Not "busy" for the turn timeout: the next message runs at once.
-    assert await w.start_turn(thread, "U_EMP", "hello?") == Reply(thread, "here now")
+    assert await w.turns.start(thread, "U_EMP", "hello?") == Reply(thread, "here now")
     assert len(model.requests) == 2
     await slow.finish()

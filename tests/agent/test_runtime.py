@@ -78,6 +78,10 @@ def test_interrupts_a_module_defines_are_known_as_questions(tmp_path: Path) -> N
     assert "define_interrupt" not in vars(ai)  # the instance is as it was
     sys.modules.pop(name, None)
     sys.modules.pop("mod_asks2", None)
+    # The registry's define_interrupt too (the one that takes request_metadata); a tool
+    # that raises Interrupt only when it runs is no interrupt until it does.
+    odd = load_tools(Genkit(), ["tests.odd_tools"])
+    assert odd.interrupts == {"confirmRefund"}
 
 
 @pytest.mark.parametrize("ask_human", [True, False])

@@ -220,7 +220,7 @@ class SlackClient:
         """Press a button of the card whose chat.postMessage is `card`."""
         value = button_value(card, action)
         assert self.service.deps is not None
-        approval = await self.service.deps.workflow.approval(team, value.split("~")[0])
+        approval = await self.service.deps.workflow.reads.approval(team, value.split("~")[0])
         payload = sp.block_actions(
             team,
             user,

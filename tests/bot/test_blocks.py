@@ -15,10 +15,12 @@ from slack_sdk.models.blocks import Block
 from slack_sdk.models.views import View
 
 from agent.context import Line
-from agent.workflow import (
+from agent.outcomes import Busy
+from bot import block_kit, messages, modals, refusals, safe_text, terminal
+from bot.card import approval_card
+from storage.domain import (
     Approval,
     Approved,
-    Busy,
     Card,
     Context,
     Denied,
@@ -32,7 +34,6 @@ from agent.workflow import (
     Started,
     Thread,
 )
-from bot import blocks
 
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
 NASTY = "<!channel> <!here> <@U999> <!subteam^S1> & <https://evil.example|click>"
@@ -81,7 +82,7 @@ def decided(kind: str, *, reason: str | None = None, **over: Any) -> Approval:
 
 def render(a: Approval, *, description: str = DESCRIPTION, **kw: Any) -> dict[str, Any]:
     kw.setdefault("thread_link", None)
-    return blocks.approval_card(a, description=description, now=NOW, **kw)
+    return approval_card(a, description=description, now=NOW, **kw)
 
 
 def strings(obj: Any) -> list[str]:
@@ -127,7 +128,7 @@ def nasty_approval() -> Approval:
 
 @pytest.mark.parametrize("text", ["<!channel>", "<@U123>", "<!subteam^S1>", "a & b"])
 def test_escape(text: str) -> None:
-    out = blocks.escape(text)
+    out = safe_text.escape(text)
     assert "<" not in out and ">" not in out
     assert out.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&") == text
 
@@ -154,7 +155,7 @@ def test_decided_card_mentions_only_people(kind: str) -> None:
 def test_bad_ids_and_links_are_not_trusted() -> None:
     a = info(requester="<!channel>", card_channel="<!here>")
     assert mentions(render(a, thread_link="javascript:alert(1)|x")) == set()
-    note = blocks.requester_note(a, card_link="https://evil|<!channel>")
+    note = messages.requester_note(a, card_link="https://evil|<!channel>")
     assert mentions(note) == set()
 
 
@@ -219,7 +220,7 @@ def test_huge_input_respects_every_limit() -> None:
         card = render(a, description=big)
         validate(card)
         assert mentions(card) <= {"<@U111>", "<@U222>"}
-        note = blocks.requester_note(a, card_link=None)
+        note = messages.requester_note(a, card_link=None)
         assert len(note["text"]) < 1000 and mentions(note) == {"<#C0APPROVE>"}
 
 
@@ -261,7 +262,7 @@ def test_execution_state_on_approved_card() -> None:
 
 def test_requester_note() -> None:
     a = info(input={"to": "ACME <!channel>", "amount": 12})
-    note = blocks.requester_note(a, card_link="https://t.slack.com/archives/C0APPROVE/p1")
+    note = messages.requester_note(a, card_link="https://t.slack.com/archives/C0APPROVE/p1")
     text = note["text"]
     assert text.startswith(
         "I need approval to run `send_payment` (to: ACME &lt;!channel&gt;, amount: 12)"
@@ -271,7 +272,7 @@ def test_requester_note() -> None:
         and "<#C0APPROVE> (<https://t.slack.com/archives/C0APPROVE/p1|see the request>)" in text
     )
     assert text.endswith("I'll continue here once someone decides.")
-    many = blocks.requester_note(
+    many = messages.requester_note(
         [
             a,
             info(id="ap-2", tool="delete_user", input={}, card_channel="C0OTHER"),
@@ -281,41 +282,43 @@ def test_requester_note() -> None:
     assert "2 actions" in many["text"]
     assert "`delete_user` (<https://t.slack.com/y|see the request>)" in many["text"]
     assert "<#C0APPROVE> and <#C0OTHER>" in many["text"]
-    assert blocks.thinking_message()["text"]
+    assert messages.thinking_message()["text"]
 
 
 def test_reply_message() -> None:
-    assert mentions(blocks.reply_message(NASTY)) == set()
-    long = blocks.reply_message("<@U1>" * 20_000)
+    assert mentions(messages.reply_message(NASTY)) == set()
+    long = messages.reply_message("<@U1>" * 20_000)
     assert len(long["text"]) <= 40_000 and "shortened" in long["text"] and mentions(long) == set()
-    assert blocks.reply_message("   ")["text"]
+    assert messages.reply_message("   ")["text"]
 
 
 def test_busy_and_failure_messages() -> None:
     t = Thread("T1", "D1", "1.2")
-    assert blocks.busy_message(Busy(t))["text"] == "I'm still working on your previous message."
-    waiting = blocks.busy_message(Busy(t, (info(), info(id="ap-2"))))["text"]
+    assert messages.busy_message(Busy(t))["text"] == "I'm still working on your previous message."
+    waiting = messages.busy_message(Busy(t, (info(), info(id="ap-2"))))["text"]
     assert (
         waiting == "Still waiting for approval of `send_payment` — I'll continue when it's decided."
     )
-    assert blocks.failure_message(False)["text"].endswith("Please try again in a moment.")
-    assert blocks.failure_message(True)["text"].endswith("I'll retry automatically.")
+    assert messages.failure_message(False)["text"].endswith("Please try again in a moment.")
+    assert messages.failure_message(True)["text"].endswith("I'll retry automatically.")
     unavailable = "The model is unavailable right now. Try again in a few minutes."
-    assert blocks.failure_message(False, model_unavailable=True) == {"text": unavailable}
-    assert blocks.failure_message(True, model_unavailable=True)["text"].endswith("automatically.")
+    assert messages.failure_message(False, model_unavailable=True) == {"text": unavailable}
+    assert messages.failure_message(True, model_unavailable=True)["text"].endswith("automatically.")
 
 
 def test_refusal_text() -> None:
-    assert "someone else" in blocks.refusal_text("self_approval", info())
-    assert "`send_payment`" in blocks.refusal_text("not_an_approver", info())
-    text = blocks.refusal_text("already_decided", decided("approved"))
+    assert "someone else" in refusals.refusal_text("self_approval", info())
+    assert "`send_payment`" in refusals.refusal_text("not_an_approver", info())
+    text = refusals.refusal_text("already_decided", decided("approved"))
     assert text.startswith("Already approved by <@U222> at <!date^")
-    assert blocks.refusal_text("already_decided", decided("expired")).startswith("Already expired")
-    assert "can't find" in blocks.refusal_text("not_found", None)
+    assert refusals.refusal_text("already_decided", decided("expired")).startswith(
+        "Already expired"
+    )
+    assert "can't find" in refusals.refusal_text("not_found", None)
 
 
 def test_deny_modal_validates() -> None:
-    modal = blocks.deny_modal(nasty_approval())
+    modal = modals.deny_modal(nasty_approval())
     View(**modal).validate_json()
     assert modal["private_metadata"] == "ap-1" and modal["callback_id"] == "deny_reason"
     element = modal["blocks"][-1]["element"]
@@ -329,12 +332,12 @@ def test_deny_modal_validates() -> None:
 
 def test_card_as_text() -> None:
     a = info(input={"to": "A & B <x>", "amount": 12})
-    text = blocks.card_as_text(render(a, thread_link="https://t.slack.com/p1"))
+    text = terminal.card_as_text(render(a, thread_link="https://t.slack.com/p1"))
     assert "Approval needed: send_payment" in text
     assert "Requested by @U111" in text and "View the conversation (https://t.slack.com/p1)" in text
     assert "to: A & B <x>" in text and "amount: 12" in text
     assert "[ Approve ]  [ Edit & approve ]  [ Deny ]" in text and "2025-03-04T13:00Z" in text
-    done = blocks.card_as_text(render(decided("denied", reason="no")))
+    done = terminal.card_as_text(render(decided("denied", reason="no")))
     assert "Denied by @U222" in done and "[ Approve ]" not in done
 
 
@@ -350,18 +353,18 @@ def text_objects(obj: Any) -> list[dict[str, Any]]:
 
 def test_every_text_object_is_verbatim_so_slack_links_nothing_by_itself() -> None:
     t = Thread("T1", "D1", "1.2")
-    messages = [
+    sent = [
         render(nasty_approval(), thread_link="https://t.slack.com/p1"),
         render(decided("denied", reason="see https://evil.example #general @here")),
-        blocks.reply_message("Done. See https://evil.example and #general, @channel"),
-        blocks.requester_note(info(input={"to": "https://evil.example"})),
-        blocks.busy_message(Busy(t, (info(),))),
-        blocks.deny_modal(info()),
+        messages.reply_message("Done. See https://evil.example and #general, @channel"),
+        messages.requester_note(info(input={"to": "https://evil.example"})),
+        messages.busy_message(Busy(t, (info(),))),
+        modals.deny_modal(info()),
     ]
-    for message in messages:
+    for message in sent:
         objects = text_objects(message)
         assert objects and all(o.get("verbatim") is True for o in objects), message
-    reply = blocks.reply_message("x " * 4000)  # longer than one section: split, all verbatim
+    reply = messages.reply_message("x " * 4000)  # longer than one section: split, all verbatim
     validate(reply)
     assert len(reply["blocks"]) == 3 and reply["text"].startswith("x x")
 
@@ -380,7 +383,7 @@ def test_hidden_characters_are_shown_as_escapes_and_flagged() -> None:
     assert "contains hidden characters" in fields["*toAccount*"]
     assert "zero\\u200bwidth" in fields["*note*"] and "hidden" in fields["*note*"]
     assert "hidden" not in fields["*ok*"]
-    reply = blocks.reply_message("pay 1234\u202e98765")
+    reply = messages.reply_message("pay 1234\u202e98765")
     assert "1234\\u202e98765" in reply["text"] and "\u202e" not in json.dumps(reply)
 
 
@@ -441,9 +444,9 @@ def test_values_cannot_restyle_themselves_on_a_card() -> None:
             continue
         assert outside == f"{key}\n", text  # only the key's own bold outside code
         assert MARKUP[key.strip("*")].replace(">", "&gt;") in text
-    summary = blocks._summary({"to": "*EXT999*", "memo": "a `b` c"})
+    summary = block_kit.summary({"to": "*EXT999*", "memo": "a `b` c"})
     assert summary == "`to: *EXT999*, memo: a 'b' c`"  # inline code: nothing restyled
-    assert blocks._summary({"to": "ACC-1"}) == "to: ACC-1"
+    assert block_kit.summary({"to": "ACC-1"}) == "to: ACC-1"
 
 
 def test_every_invisible_kind_of_character_is_caught() -> None:
@@ -452,10 +455,10 @@ def test_every_invisible_kind_of_character_is_caught() -> None:
         for code in range(sys.maxunicode + 1)
         if (ch := chr(code)) not in "\n "
         and unicodedata.category(ch) in ("Cc", "Cf", "Co", "Cs", "Zl", "Zp", "Zs")
-        and not blocks.has_hidden(ch)
+        and not safe_text.has_hidden(ch)
     ]
     assert missed == []
-    assert not blocks.has_hidden("plain text, accents é, 漢字, emoji 🙂\nand lines")
+    assert not safe_text.has_hidden("plain text, accents é, 漢字, emoji 🙂\nand lines")
 
 
 def test_a_value_hidden_after_whitespace_says_how_long_it_is() -> None:
@@ -474,14 +477,14 @@ def test_the_full_request_shows_every_character_of_a_shortened_card() -> None:
         ("show_request", "ap-1"),
     ]
     assert "99999" not in json.dumps(card)  # the card alone never showed it
-    modal = blocks.full_request_modal(info(input=padded))
+    modal = modals.full_request_modal(info(input=padded))
     View(**modal).validate_json()
     shown = "".join(t["text"] for t in text_objects(modal))
     assert shown.count(" ") >= 4000 and "99999" in shown and "1234\\u202e98765" in shown
     assert "contains hidden characters" in shown
-    huge = blocks.full_request_modal(info(input={"k": "x" * 400_000}))
+    huge = modals.full_request_modal(info(input={"k": "x" * 400_000}))
     View(**huge).validate_json()
-    assert len(huge["blocks"]) == blocks.MODAL_BLOCKS
+    assert len(huge["blocks"]) == modals.MODAL_BLOCKS
     assert "more characters, too many for one Slack view" in json.dumps(huge["blocks"][-1])
     assert "show_request" not in json.dumps(render(info()))  # nothing was cut
 
@@ -515,18 +518,18 @@ def test_what_led_to_the_call_is_quoted_escaped_and_within_limits() -> None:
 def test_the_conversation_pages_fit_a_view_and_lose_nothing() -> None:
     lines = [Line("human", f"m{i} " + "<x> " * 5000, by="UALICE", at=NOW) for i in range(20)]
     lines.append(Line("tool", "getBalance returned {}"))
-    pages = blocks.conversation_pages(lines)
+    pages = modals.conversation_pages(lines)
     assert len(pages) > 1
     shown = ""
     for page in range(len(pages)):
-        modal = blocks.conversation_modal(info(), pages, page)
+        modal = modals.conversation_modal(info(), pages, page)
         View(**modal).validate_json()
-        assert len(modal["blocks"]) <= blocks.MODAL_BLOCKS
+        assert len(modal["blocks"]) <= modals.MODAL_BLOCKS
         assert len(json.dumps(modal)) < 60_000
         assert mentions(modal) <= {"<@U111>", "<@UALICE>"}
         shown += "".join(t["text"] for t in text_objects(modal))
     assert all(f"m{i} " in shown for i in range(20)) and shown.count("&lt;x&gt;") == 20 * 5000
     assert "🔧 getBalance returned {}" in shown
-    empty = blocks.conversation_modal(info(), blocks.conversation_pages([]), 0)
+    empty = modals.conversation_modal(info(), modals.conversation_pages([]), 0)
     View(**empty).validate_json()
     assert "Nothing was recorded" in json.dumps(empty)

@@ -84,7 +84,7 @@ async def test_a_value_nobody_typed_is_flagged_and_one_from_a_tool_names_it(
     assert "🔎 _from getBalance's result_" in field(card, "amount")  # getBalance said 100.0
     assert "🔎 _not in the conversation_" in field(card, "toAccount")  # the model's own
     assert service.deps is not None
-    [pending] = await service.deps.workflow.pending(team)
+    [pending] = await service.deps.workflow.reads.pending(team)
     sources = pending.request.context.sources
     assert (sources["amount"].origin, sources["amount"].tool) == ("tool", "getBalance")
     assert sources["toAccount"].origin == "model"
@@ -123,7 +123,7 @@ async def test_show_conversation_is_for_approvers_only_and_audited(
     assert f"*<@{REQUESTER}>*" in modal  # who wrote it
     assert "On it.\\n→ calls transferMoney" in modal
     await settle(service)
-    trail = [(e.action, e.actor) for e in await service.deps.workflow.audit_trail(team)]
+    trail = [(e.action, e.actor) for e in await service.deps.workflow.reads.audit_trail(team)]
     assert ("conversation_viewed", BOSS) in trail
     assert [a for a in trail if a[0] == "conversation_viewed"] == [("conversation_viewed", BOSS)]
 

@@ -20,10 +20,10 @@ import pytest
 from multidict import CIMultiDict
 from sqlalchemy import func, select
 
-from agent.workflow import Approved
 from bot.server import Service
 from bot.settings import ConfigError
 from storage.db import SessionFactory
+from storage.domain import Approved
 from storage.models import ConversationRow, SeenEventRow
 from tests import ledger_tools
 from tests.bot.conftest import (
@@ -181,7 +181,7 @@ async def test_dm_to_card_to_approve_to_reply(
         ("deny", f"{asked.approval_id}~1"),
     ]
     assert "thread_ts" not in asked.card.args
-    [pending] = await service.deps.workflow.pending(team)
+    [pending] = await service.deps.workflow.reads.pending(team)
     assert pending.id == asked.approval_id and pending.request.requester == REQUESTER
     assert ledger_tools.entries() == []
 
@@ -191,7 +191,7 @@ async def test_dm_to_card_to_approve_to_reply(
 
     # The card is updated in place: same channel and ts, no buttons, says who approved.
     (update,) = await fake_slack.wait_for("chat.update", predicate=decided_card("Approved by"))
-    info = await service.deps.workflow.approval(team, asked.approval_id)
+    info = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert info is not None and isinstance(info.decision, Approved)
     assert info.card is not None and update.args["ts"] == info.card.ts
     assert all(b.get("block_id") != "approval" for b in blocks_of(update))
@@ -269,7 +269,7 @@ async def test_self_approval_is_refused_privately_and_nothing_runs(
     assert "You asked for this" in text_of(ephemeral)
     await settle(service)
     assert service.deps is not None
-    [pending] = await service.deps.workflow.pending(team)
+    [pending] = await service.deps.workflow.reads.pending(team)
     assert pending.id == asked.approval_id
     assert ledger_tools.entries() == []
     assert len(gemini.generate_requests()) == 1
@@ -325,7 +325,7 @@ async def test_twenty_concurrent_approvals_run_the_tool_once(
     refused = fake_slack.calls_to("chat.postEphemeral")
     assert len(refused) == 19 and all("Already approved by" in text_of(c) for c in refused)
     assert service.deps is not None
-    info = await service.deps.workflow.approval(team, asked.approval_id)
+    info = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert info is not None and isinstance(info.decision, Approved)
     decider = info.decision.by
     assert decider in approvers

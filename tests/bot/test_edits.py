@@ -55,7 +55,7 @@ async def test_edit_and_approve_runs_the_call_once_with_the_changes_and_tells_th
         "approved_with_changes": {"amount": {"from": 500, "to": 300}},
     }
     assert service.deps is not None
-    trail = await service.deps.workflow.audit_trail(team)
+    trail = await service.deps.workflow.reads.audit_trail(team)
     [approved] = [e for e in trail if e.action == "approved"]
     assert approved.detail["input"]["amount"] == 500 and approved.detail["edited"]["amount"] == 300
 
@@ -71,6 +71,6 @@ async def test_an_edit_that_does_not_fit_the_tools_schema_is_shown_and_changes_n
     assert status == 200 and set(json.loads(body)["errors"]) == {"toAccount"}  # required
     await settle(service)
     assert service.deps is not None
-    approval = await service.deps.workflow.approval(team, asked.approval_id)
+    approval = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert approval is not None and approval.decision is None and approval.edit is None
     assert ledger_tools.entries() == [] and len(gemini.generate_requests()) == 1

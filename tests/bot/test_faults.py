@@ -29,12 +29,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 from sqlalchemy import func, select
 
-from agent.workflow import Denied
 from bot.background import WIND_DOWN
 from bot.listeners.commands import CHANGING
 from bot.server import Service
 from storage.db import SessionFactory, make_engine, make_session_factory
-from storage.lifecycle import ApprovalState, ExecutionState, TurnState
+from storage.domain import ApprovalState, Denied, ExecutionState, TurnState
 from storage.models import (
     ApprovalRow,
     AuditRow,
@@ -107,7 +106,7 @@ async def test_a_card_is_posted_once_through_a_500_and_a_429(
 
     approval_id = approval_id_of(card)
     assert service.deps is not None
-    info = await service.deps.workflow.approval(team, approval_id)
+    info = await service.deps.workflow.reads.approval(team, approval_id)
     assert info is not None and info.card is not None and info.card.ts is not None
     assert info.card.channel == APPROVERS
 
@@ -229,7 +228,7 @@ async def test_unsigned_tampered_and_replayed_requests_are_refused_and_change_no
     assert len(fake_slack.calls) == slack_calls and len(gemini.requests) == model_calls
     assert await team_rows(bot_sessions, team, [event_id]) == before
     assert service.deps is not None
-    info = await service.deps.workflow.approval(team, asked.approval_id)
+    info = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert info is not None and info.state == ApprovalState.PENDING
     assert ledger_tools.entries() == []
 
@@ -979,7 +978,7 @@ async def test_fuzzed_deny_reasons_are_recorded_clipped_and_escaped(
     await settle(service)
 
     expected = reason.replace("\x00", "").strip()[:500] or None
-    info = await service.deps.workflow.approval(team, approval_id_of(card))
+    info = await service.deps.workflow.reads.approval(team, approval_id_of(card))
     assert info is not None and isinstance(info.decision, Denied)
     assert info.decision.reason == expected
     error = "denied by UBOSS" + (f": {expected}" if expected else "")

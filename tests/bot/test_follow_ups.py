@@ -55,7 +55,7 @@ async def follow_ups(*services: Service) -> None:
 
     async def one(svc: Service) -> None:
         assert svc.deps is not None and svc.app is not None
-        due = await svc.deps.workflow.follow_ups()
+        due = await svc.deps.workflow.follow_ups.due()
         await svc.deps.delivery.follow_ups(svc.app.client, due)
 
     await asyncio.gather(*(one(s) for s in services))
@@ -79,7 +79,7 @@ async def test_reminder_and_escalation_happen_once_across_replicas_and_a_restart
 ) -> None:
     asked = await ask(client, fake_slack, gemini, team)
     assert service.deps is not None
-    approval = await service.deps.workflow.approval(team, asked.approval_id)
+    approval = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert approval is not None and approval.escalation is not None
     due = approval.escalation.at.timestamp()
     await poll(lambda: time.time() > due, "the escalation's time")

@@ -129,7 +129,7 @@ async def test_two_replicas_claim_a_delivery_once(
     token = (await service.deps.keys.create(team, OWNER, "deployer")).token
     _, made = await api.call("POST", "/approvals", token, {"tool": "deployRelease", "input": {}})
     assert service.gateway is not None
-    found = await service.gateway.workflow.approval(team, made["id"])
+    found = await service.gateway.workflow.reads.approval(team, made["id"])
     assert found is not None
     engine = make_engine(bot_database)
     try:

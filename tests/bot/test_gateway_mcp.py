@@ -96,7 +96,7 @@ async def test_a_call_waits_for_approval_and_runs_once(
     assert result.structured_content["transactionId"] == f"txn-{ran['key']}"
     # The trail names the door and the key; the metric counts the call.
     assert service.deps is not None
-    trail = await service.deps.workflow.audit_trail(team, "transferMoney")
+    trail = await service.deps.workflow.reads.audit_trail(team, "transferMoney")
     assert {e.action for e in trail} >= {"requested", "approved", "execution_started", "executed"}
     assert all((e.detail["door"], e.detail["key"]) == ("mcp", "ci") for e in trail)
     _, audit = await client.command(team, BOSS, "audit")
@@ -260,7 +260,7 @@ async def test_a_caller_that_goes_away_leaves_a_request_that_runs_nothing(
     )
     assert "nothing will run" in json.dumps(update.args["blocks"])
     assert service.deps is not None
-    pending = await service.deps.workflow.pending(team)
+    pending = await service.deps.workflow.reads.pending(team)
     assert [a.request.tool for a in pending] == ["transferMoney"]  # not cancelled
     await client.click(team, BOSS, "approve", card)
     await fake_slack.wait_for(

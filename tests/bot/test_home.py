@@ -8,10 +8,10 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from agent.workflow import Approved, Vote
 from bot import home
 from bot.listeners.commands import policy_summary
 from bot.server import Service
+from storage.domain import Approved, Vote
 from tests import ledger_tools
 from tests.bot.conftest import ADMIN, APPROVERS, DM, SlackClient, in_channel, new_ts, settle
 from tests.bot.test_e2e import BOSS, REQUESTER, ask, reply_in_thread
@@ -110,9 +110,9 @@ async def test_approve_from_the_home_runs_the_call_once_and_refreshes_the_homes(
     await settle(service)
     assert len(ledger_tools.entries()) == 1
     assert service.deps is not None
-    approval = await service.deps.workflow.approval(team, asked.approval_id)
+    approval = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert approval is not None and isinstance(approval.decision, Approved)
-    trail = await service.deps.workflow.audit_trail(team)
+    trail = await service.deps.workflow.reads.audit_trail(team)
     assert [e.actor for e in trail if e.action == "approved"] == [BOSS]
     # The losing click was told, where it was made: an ephemeral, or the Home's notice.
     told = [c.args["text"] for c in fake_slack.calls_to("chat.postEphemeral")]
@@ -149,7 +149,7 @@ async def test_a_refused_click_on_the_home_changes_nothing_and_says_why_there(
     await settle(service)
     assert fake_slack.calls_to("chat.postEphemeral") == []  # no channel to say it in
     assert service.deps is not None
-    approval = await service.deps.workflow.approval(team, asked.approval_id)
+    approval = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert approval is not None and approval.decision is None
     assert ledger_tools.entries() == []
 
@@ -227,7 +227,7 @@ async def test_changes_close_together_publish_a_home_once(
     asked = await ask(client, fake_slack, gemini, team)
     await open_home(client, team, BOSS)
     assert service.deps is not None and service.app is not None
-    approval = await service.deps.workflow.approval(team, asked.approval_id)
+    approval = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert approval is not None
     for _ in range(3):
         service.deps.home.changed(service.app.client, approval)
@@ -241,7 +241,7 @@ async def test_own_requests_say_where_they_are(
 ) -> None:
     asked = await ask(client, fake_slack, gemini, team)
     assert service.deps is not None
-    approval = await service.deps.workflow.approval(team, asked.approval_id)
+    approval = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert approval is not None
     two = replace(approval, request=replace(approval.request, approvals_needed=2))
     voted = replace(two, votes=(Vote(BOSS, approval.request.requested_at),))
@@ -290,7 +290,7 @@ async def test_refreshes_go_to_homes_opened_recently_and_at_most_so_many_a_minut
     for user in (BOSS, ADMIN):
         await tabs.publish(slack, team, user, opened=True)
     published = {u: len(fake_slack.homes[u]) for u in (BOSS, ADMIN)}
-    approval = await deps.workflow.approval(team, asked.approval_id)
+    approval = await deps.workflow.reads.approval(team, asked.approval_id)
     assert approval is not None
     tabs.changed(slack, approval)
 

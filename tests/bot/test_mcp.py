@@ -210,5 +210,7 @@ async def test_the_policy_file_applies_to_a_servers_tools_as_they_join(
     await said(fake_slack, "None open.")
     await settle(service)
     assert not [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(APPROVERS)(c)]
-    trail = [(e.action, e.actor, e.tool) for e in await service.deps.workflow.audit_trail(team)]
+    trail = [
+        (e.action, e.actor, e.tool) for e in await service.deps.workflow.reads.audit_trail(team)
+    ]
     assert ("policy_changed", "policy-file", "tickets.list_tickets") in trail

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from bot.blocks import MODEL_UNAVAILABLE
+from bot.messages import MODEL_UNAVAILABLE
 from bot.server import Service
 from bot.settings import ConfigError, load_settings
 from tests.bot.conftest import DM, SlackClient, new_ts, settle

@@ -53,7 +53,9 @@ async def test_a_rule_lets_small_calls_run_without_a_card(
     assert [e["amount"] for e in ledger_tools.entries()] == [50]
     assert [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(APPROVERS)(c)] == []
     assert service.deps is not None
-    trail = [(e.action, e.actor, e.tool) for e in await service.deps.workflow.audit_trail(team)]
+    trail = [
+        (e.action, e.actor, e.tool) for e in await service.deps.workflow.reads.audit_trail(team)
+    ]
     assert ("policy_changed", "policy-file", "transferMoney") in trail
     assert ("policy_changed", "policy-file", "getBalance") in trail
 
@@ -66,7 +68,7 @@ async def test_a_call_no_rule_allows_needs_approval_and_a_failing_rule_says_so(
     assert "rule 3 (`args.amount * 2 &gt; 1000`) could not be evaluated" in shown
     assert ledger_tools.entries() == []
     assert service.deps is not None
-    approval = await service.deps.workflow.approval(team, asked.approval_id)
+    approval = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert approval is not None  # the file's 4h, not the rule's 1h: the rule never matched
     request = approval.request
     assert (request.expires_at - request.requested_at).total_seconds() == 4 * 3600
@@ -119,7 +121,7 @@ async def test_a_rule_raises_the_quorum_and_each_approver_counts_once(
     await poll(lambda: len(ledger_tools.entries()) == 1, "the transfer")
     await settle(service)
     assert service.deps is not None
-    trail = [(e.action, e.actor) for e in await service.deps.workflow.audit_trail(team)]
+    trail = [(e.action, e.actor) for e in await service.deps.workflow.reads.audit_trail(team)]
     assert ("approved", "UBOSS") in trail and ("approved", "UCFO") in trail
 
 
@@ -154,7 +156,7 @@ async def test_twenty_approvers_at_once_on_a_two_approval_card_run_the_tool_once
     await settle(service)
     assert len(ledger_tools.entries()) == 1
     assert service.deps is not None
-    final = await service.deps.workflow.approval(team, asked.approval_id)
+    final = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert final is not None and len(final.votes) == 2 and final.decision is not None
 
 
@@ -197,5 +199,5 @@ async def test_an_edit_resets_a_quorum_and_an_approve_of_the_card_as_it_was_is_r
     await settle(service)
     assert [(e["amount"], e["to"]) for e in ledger_tools.entries()] == [(15000, "9")]
     assert service.deps is not None
-    trail = [(e.action, e.actor) for e in await service.deps.workflow.audit_trail(team)]
+    trail = [(e.action, e.actor) for e in await service.deps.workflow.reads.audit_trail(team)]
     assert ("edited", "UCFO") in trail and trail.count(("approved", "UBOSS")) == 2

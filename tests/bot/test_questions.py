@@ -113,7 +113,7 @@ async def test_a_question_to_the_approvers_is_answered_in_a_modal_once(
     [response] = gemini.function_responses()
     assert response["response"]["content"] == {"answer": "Yes, in full.", "answered_by": BOSS}
     await settle(service)
-    trail = [(e.action, e.actor) for e in await service.deps.workflow.audit_trail(team)]  # type: ignore[union-attr]
+    trail = [(e.action, e.actor) for e in await service.deps.workflow.reads.audit_trail(team)]  # type: ignore[union-attr]
     assert trail.count(("answered", BOSS)) == 1
 
 
@@ -167,7 +167,7 @@ async def test_an_unanswered_question_expires_and_the_model_is_told(
     await poll(lambda: time.time() > started + 1.1, "the question's deadline")
     gemini.script(text("Nobody answered, so I stopped."))
     assert service.deps is not None
-    [resumed] = (await service.deps.workflow.sweep(team)).resumed
+    [resumed] = (await service.deps.workflow.follow_ups.sweep(team)).resumed
     assert resumed.outcome.text == "Nobody answered, so I stopped."  # type: ignore[union-attr]
     [response] = gemini.function_responses()
     assert response["response"]["content"] == {"answer": None, "error": "no answer"}

@@ -172,6 +172,9 @@ async def test_an_approved_write_shows_and_writes_the_file_it_resolves_to_once(
     assert (root / "notes.txt").read_text() == "hi\n" and (root / "link.txt").is_symlink()
     [response] = gemini.function_responses()
     assert response["name"] == "write_file" and "written successfully" in json.dumps(response)
+    assert service.deps is not None  # and the gate let it run once
+    trail = await service.deps.workflow.reads.audit_trail(team, "write_file")
+    assert [e.action for e in trail].count("execution_started") == 1
 
 
 # -- 6. Everyone who shaped the call is a participant -----------------------------------------

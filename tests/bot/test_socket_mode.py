@@ -158,7 +158,7 @@ async def test_every_kind_of_envelope_is_acknowledged_within_3_seconds(
 
     value = button_value(card, "approve")
     assert service.deps is not None
-    approval = await service.deps.workflow.approval(team, value.split("~")[0])  # id~version
+    approval = await service.deps.workflow.reads.approval(team, value.split("~")[0])  # id~version
     assert approval is not None
     click = sp.block_actions(
         team,

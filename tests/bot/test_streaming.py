@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent.workflow import Progress, Thread
+from agent.outcomes import Progress
 from bot.app import web_client
 from bot.server import Service
 from bot.streaming import Streams
+from storage.domain import Thread
 from tests.bot.conftest import DM, SlackClient, new_ts, settle
 from tests.bot.test_e2e import BOSS, REQUESTER, ask, reply_in_thread, said, text_of
 from tests.fakes.gemini import FakeGemini, text

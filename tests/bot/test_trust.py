@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from agent.workflow import CardState, Denied, Expired, Reply
+from agent.outcomes import Reply
 from bot.clicks import CLICKS
 from bot.server import Service
 from bot.settings import ConfigError
 from storage.db import SessionFactory
+from storage.domain import CardState, Denied, Expired
 from storage.models import ApprovalRow
 from tests import ledger_tools
 from tests.bot.conftest import (
@@ -50,7 +51,7 @@ async def test_a_decision_after_the_deadline_changes_nothing(
 ) -> None:
     asked = await ask(client, fake_slack, gemini, team)
     assert service.deps is not None
-    approval = await service.deps.workflow.approval(team, asked.approval_id)
+    approval = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert approval is not None
     deadline = approval.request.expires_at.timestamp()
     await poll(lambda: time.time() > deadline, "the approval's deadline")
@@ -59,10 +60,10 @@ async def test_a_decision_after_the_deadline_changes_nothing(
     assert ephemeral.args["user"] == BOSS and ephemeral.args["channel"] == APPROVERS
     assert text_of(ephemeral).startswith("Already expired")
     await settle(service)
-    after = await service.deps.workflow.approval(team, asked.approval_id)
+    after = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert after is not None and isinstance(after.decision, Expired)
     assert ledger_tools.entries() == []
-    trail = [(e.action, e.actor) for e in await service.deps.workflow.audit_trail(team)]
+    trail = [(e.action, e.actor) for e in await service.deps.workflow.reads.audit_trail(team)]
     assert ("expired", "greenlight") in trail and ("approved", BOSS) not in trail
     await finish_expired(service, gemini, team)
 
@@ -72,7 +73,7 @@ async def finish_expired(service: Service, gemini: FakeGemini, team: str) -> Non
     the next test's service to find."""
     assert service.deps is not None
     gemini.script(text("That request expired."))
-    [resumed] = (await service.deps.workflow.sweep(team)).resumed
+    [resumed] = (await service.deps.workflow.follow_ups.sweep(team)).resumed
     assert isinstance(resumed.outcome, Reply) and resumed.outcome.text == "That request expired."
     assert gemini.function_responses()[-1]["response"]["content"]["error"] == "approval expired"
 
@@ -98,7 +99,7 @@ async def test_a_click_whose_lookups_outlast_the_deadline_changes_nothing(
     assert text_of(ephemeral).startswith("Already expired"), text_of(ephemeral)
     await settle(service)
     assert service.deps is not None
-    after = await service.deps.workflow.approval(team, asked.approval_id)
+    after = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert after is not None and isinstance(after.decision, Expired)
     assert ledger_tools.entries() == []
     await finish_expired(service, gemini, team)
@@ -197,7 +198,7 @@ async def test_a_click_in_an_approver_channel_made_public_is_refused(
     assert "go to a channel anyone can join" in text_of(ephemeral)
     await settle(service)
     assert service.deps is not None
-    still = await service.deps.workflow.approval(team, asked.approval_id)
+    still = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert still is not None and still.decision is None and ledger_tools.entries() == []
 
 
@@ -278,7 +279,7 @@ async def test_show_full_request_opens_the_whole_input(
     assert "99999" in json.dumps(view) and json.dumps(view).count(" ") > 4000
     await settle(service)
     assert service.deps is not None  # looking changed nothing: still pending, nothing ran
-    still = await service.deps.workflow.approval(team, asked.approval_id)
+    still = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert still is not None and still.decision is None and ledger_tools.entries() == []
 
 
@@ -301,7 +302,7 @@ async def test_a_call_with_invalid_input_gets_no_card_and_the_model_hears_why(
     error = answer["response"]["content"]["error"]
     assert "invalid input for transferMoney" in error and "amount" in error
     assert ledger_tools.entries() == []
-    assert service.deps is not None and await service.deps.workflow.pending(team) == ()
+    assert service.deps is not None and await service.deps.workflow.reads.pending(team) == ()
 
 
 # -- 10. Abuse of the buttons -------------------------------------------------------------------
@@ -321,7 +322,7 @@ async def test_refused_clicks_leave_the_card_alone_and_are_throttled(
     assert sum("clicking quickly" in t for t in said) == 1 and len(said) == len(notes)
     assert len(fake_slack.calls_to("chat.update")) == updates  # no redraw: nothing changed
     assert service.deps is not None
-    still = await service.deps.workflow.approval(team, asked.approval_id)
+    still = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert still is not None and still.decision is None
 
 
@@ -357,7 +358,7 @@ async def cut_off(sessions: SessionFactory, approval_id: str) -> None:
 
 async def sweep(service: Service, team: str) -> None:
     assert service.deps is not None and service.app is not None
-    report = await service.deps.workflow.sweep(team)
+    report = await service.deps.workflow.follow_ups.sweep(team)
     await service.deps.delivery.sweep(service.app.client, report)
 
 
@@ -385,7 +386,7 @@ async def test_a_card_post_cut_off_is_finished_once(
     cards = [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(APPROVERS)(c)]
     assert len(cards) == cards_before + (0 if reached_slack else 1)
     assert service.deps is not None
-    now = await service.deps.workflow.approval(team, asked.approval_id)
+    now = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert now is not None and now.card is not None and now.card.state == CardState.POSTED
     live = [ts for ts, m in fake_slack.messages.items() if m.get("channel") == APPROVERS]
     assert live == [now.card.ts]  # one live card
@@ -418,7 +419,7 @@ async def test_a_card_slack_refuses_is_reported_to_the_requester_and_not_retried
     await sweep(service, team)
     assert len(fake_slack.calls_to("chat.postMessage")) == tries  # failed for good: no retry
     assert service.deps is not None
-    trail = [e.action for e in await service.deps.workflow.audit_trail(team)]
+    trail = [e.action for e in await service.deps.workflow.reads.audit_trail(team)]
     assert "card_failed" in trail
 
 
@@ -444,7 +445,7 @@ async def test_nul_characters_are_stripped_and_call_refs_are_greenlights_own(
         client, fake_slack, gemini, team, args={"amount": 5, "toAccount": "12\x00345"}
     )
     assert service.deps is not None
-    stored = await service.deps.workflow.approval(team, asked.approval_id)
+    stored = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert stored is not None and stored.request.input == {"amount": 5, "toAccount": "12345"}
     assert stored.request.ref and stored.request.ref != "call-1"
     assert "\\u0000" not in json.dumps(asked.card.args["blocks"])  # nothing hidden to flag
@@ -458,7 +459,7 @@ async def test_nul_characters_are_stripped_and_call_refs_are_greenlights_own(
     assert status == 200
     await fake_slack.wait_for("chat.update", predicate=decided_card("Denied by"))
     await settle(service)
-    denied = await service.deps.workflow.approval(team, asked.approval_id)
+    denied = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert denied is not None and isinstance(denied.decision, Denied)
     assert denied.decision.reason == "nope"
     assert ledger_tools.entries() == []
@@ -487,5 +488,5 @@ async def test_guests_and_people_of_other_organisations_cannot_approve_or_admini
     assert answer.startswith("Only workspace admins")
     await settle(service)
     assert service.deps is not None
-    still = await service.deps.workflow.approval(team, asked.approval_id)
+    still = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert still is not None and still.decision is None and ledger_tools.entries() == []

@@ -69,7 +69,7 @@ def shows(marker: str) -> Any:
 
 async def pending(service: Service, team: str, approval_id: str) -> Any:
     assert service.deps is not None
-    approval = await service.deps.workflow.approval(team, approval_id)
+    approval = await service.deps.workflow.reads.approval(team, approval_id)
     assert approval is not None
     return approval
 
@@ -120,7 +120,7 @@ async def test_an_edit_reverted_by_a_second_approver_never_runs_the_edit(
     await settle(service)
     assert [(e["amount"], e["to"]) for e in ledger_tools.entries()] == [(500, "ACC-1")]
     assert service.deps is not None
-    trail = await service.deps.workflow.audit_trail(team)
+    trail = await service.deps.workflow.reads.audit_trail(team)
     approvals = [
         (e.actor, (e.detail.get("edited") or e.detail["input"])["toAccount"])
         for e in trail

@@ -18,6 +18,26 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from storage import transitions
 from storage.approval_store import ApprovalStore
 from storage.db import SessionFactory, make_session_factory
+from storage.domain import (
+    Answered,
+    Approval,
+    ApprovalState,
+    Approved,
+    Card,
+    CardState,
+    Claim,
+    Context,
+    Denied,
+    Edit,
+    ExecutionState,
+    History,
+    PausedTurn,
+    Request,
+    Said,
+    Source,
+    Thread,
+    TurnState,
+)
 from storage.lifecycle import (
     ANSWER,
     APPROVE,
@@ -36,29 +56,11 @@ from storage.lifecycle import (
     RETRY_CARD,
     START_EXECUTION,
     STATES,
-    Answered,
-    Approval,
-    ApprovalState,
-    Approved,
-    Card,
-    CardState,
-    Claim,
-    Context,
-    Denied,
-    Edit,
-    ExecutionState,
-    History,
     IllegalTransition,
-    PausedTurn,
-    Request,
     Requirement,
-    Said,
-    Source,
     State,
     Subject,
-    Thread,
     Transition,
-    TurnState,
 )
 from storage.models import ApprovalRow, AuditRow, ConversationRow, TurnRow
 
@@ -145,7 +147,7 @@ class Db:
             for row in rows:
                 db.add(row)
                 await db.flush()
-        approval = await self.store.get(self.team, ids[0])
+        approval = await self.store.reads.get(self.team, ids[0])
         assert approval is not None
         assert (approval.state, approval.execution_state) == (status, execution)
         return approval, conversation
@@ -181,12 +183,14 @@ def expected(transition: Transition, state: State, holds: dict[Requirement, bool
 
 Act = Callable[[Db, Approval], Awaitable[object]]
 APPROVAL_ACTS: dict[Transition, Act] = {
-    APPROVE: lambda d, a: d.store.decide(a, Approved("UBOSS", NOW, "ok")),
-    DENY: lambda d, a: d.store.decide(a, Denied("UBOSS", NOW, "no")),
-    ANSWER: lambda d, a: d.store.answer(a, Answered("UBOSS", NOW, "yes")),
-    EXPIRE: lambda d, a: d.store.expire(a, now=NOW),
-    START_EXECUTION: lambda d, a: d.store.start_execution(a, now=NOW),
-    FINISH_EXECUTION: lambda d, a: d.store.finish_execution(a, output={"ok": 1}, now=NOW),
+    APPROVE: lambda d, a: d.store.decisions.decide(a, Approved("UBOSS", NOW, "ok")),
+    DENY: lambda d, a: d.store.decisions.decide(a, Denied("UBOSS", NOW, "no")),
+    ANSWER: lambda d, a: d.store.decisions.answer(a, Answered("UBOSS", NOW, "yes")),
+    EXPIRE: lambda d, a: d.store.decisions.expire(a, now=NOW),
+    START_EXECUTION: lambda d, a: d.store.executions.start_execution(a, now=NOW),
+    FINISH_EXECUTION: lambda d, a: d.store.executions.finish_execution(
+        a, output={"ok": 1}, now=NOW
+    ),
 }
 
 
@@ -237,17 +241,17 @@ async def test_approval_transitions_take_exactly_when_the_table_allows(
 async def test_a_refusal_says_which_requirement_failed(db: Db) -> None:
     approval, _ = await db.seed(expires_at=NOW - HOUR)
     with pytest.raises(IllegalTransition) as late:
-        await db.store.decide(approval, Approved("UBOSS", NOW))
+        await db.store.decisions.decide(approval, Approved("UBOSS", NOW))
     assert late.value.unmet == (Requirement.BEFORE_DEADLINE,)
     assert late.value.current is not None and late.value.current.decision is None
     other = replace(approval, request=replace(approval.request, ref="not-this-call"))
     approved, _ = await db.seed(status=ApprovalState.APPROVED)
     with pytest.raises(IllegalTransition) as wrong_call:
-        await db.store.start_execution(replace(approved, request=other.request), now=NOW)
+        await db.store.executions.start_execution(replace(approved, request=other.request), now=NOW)
     assert wrong_call.value.unmet == (Requirement.SAME_CALL,)
     gone = replace(approval, id=str(uuid.uuid4()))
     with pytest.raises(IllegalTransition) as missing:
-        await db.store.expire(gone, now=NOW)
+        await db.store.decisions.expire(gone, now=NOW)
     assert missing.value.state is None and missing.value.current is None
 
 
@@ -256,11 +260,11 @@ async def claim_of(db: Db, approval: Approval, conversation: str, attempt: int) 
 
 
 TURN_ACTS: dict[Transition, Callable[[Db, Claim], Awaitable[object]]] = {
-    CLAIM: lambda d, c: d.store.claim(c.turn_id, now=NOW, lease_until=NOW + HOUR),
-    RENEW: lambda d, c: d.store.renew(c, until=NOW + 2 * HOUR),
-    COMPLETE: lambda d, c: d.store.complete(c, now=NOW, snapshot_id="after"),
-    GIVE_UP: lambda d, c: d.store.give_up(c, now=NOW),
-    LET_GO: lambda d, c: d.store.let_go(c, now=NOW),
+    CLAIM: lambda d, c: d.store.turns.claim(c.turn_id, now=NOW, lease_until=NOW + HOUR),
+    RENEW: lambda d, c: d.store.turns.renew(c, until=NOW + 2 * HOUR),
+    COMPLETE: lambda d, c: d.store.turns.complete(c, now=NOW, snapshot_id="after"),
+    GIVE_UP: lambda d, c: d.store.turns.give_up(c, now=NOW),
+    LET_GO: lambda d, c: d.store.turns.let_go(c, now=NOW),
 }
 
 
@@ -305,7 +309,7 @@ async def test_turn_transitions_take_exactly_when_the_table_allows(
             assert isinstance(result, tuple) and [a.id for a in result][:1] == [approval.id]
         if transition is LET_GO:  # waiting again, the thread still held, recoverable at once
             assert turn.lease_until is None and thread.busy_until == NOW + HOUR, case
-            recoverable = await db.store.recoverable(now=NOW, team_id=db.team)
+            recoverable = await db.store.turns.recoverable(now=NOW, team_id=db.team)
             assert (approval.turn_id in recoverable) == (not siblings), case
         if transition is CLAIM:
             assert isinstance(result, Claim) and result.attempt == 2 and turn.attempts == 2
@@ -320,23 +324,23 @@ def new_approval(thread: Thread, turn_id: str, i: int) -> Approval:
 
 async def test_pause_writes_the_turn_its_approvals_and_their_audit_rows(db: Db) -> None:
     thread = db.thread()
-    held = await db.store.hold_thread(
+    held = await db.store.turns.hold_thread(
         thread, author="UASK", new_id=str(uuid.uuid4()), now=NOW, until=NOW + HOUR
     )
     assert held is not None and held.snapshot_id is None
     turn = PausedTurn(str(uuid.uuid4()), held.conversation_id, thread, "s", "snap", NOW)
     approvals = [new_approval(thread, turn.id, i) for i in range(3)]
-    await db.store.pause(turn, approvals)
-    assert {a.id for a in await db.store.waiting_on(thread)} == {a.id for a in approvals}
+    await db.store.turns.pause(turn, approvals)
+    assert {a.id for a in await db.store.turns.waiting_on(thread)} == {a.id for a in approvals}
     assert await db.audit_rows() == 3
-    trail = await db.store.audit_trail(db.team)
+    trail = await db.store.reads.audit_trail(db.team)
     assert {(e.action, e.actor, e.approval_id) for e in trail} == {
         ("requested", "UASK", a.id) for a in approvals
     }
     # The waiting turn keeps the thread, even once its time as a running turn is over.
     later = NOW + 2 * HOUR
     assert (
-        await db.store.hold_thread(thread, author="UASK", new_id="x", now=later, until=later)
+        await db.store.turns.hold_thread(thread, author="UASK", new_id="x", now=later, until=later)
         is None
     )
 
@@ -349,43 +353,47 @@ async def test_a_chained_pause_is_written_only_with_its_completion(db: Db) -> No
     chained = [new_approval(approval.thread, turn.id, 0)]
     lost = await claim_of(db, approval, conversation, attempt=7)  # someone else's claim now
     with pytest.raises(IllegalTransition):
-        await db.store.complete_and_pause(lost, now=NOW, turn=turn, approvals=chained)
-    assert await db.store.get(db.team, chained[0].id) is None and await db.audit_rows() == 0
+        await db.store.turns.complete_and_pause(lost, now=NOW, turn=turn, approvals=chained)
+    assert await db.store.reads.get(db.team, chained[0].id) is None and await db.audit_rows() == 0
     mine = await claim_of(db, approval, conversation, attempt=1)
-    settled = await db.store.complete_and_pause(mine, now=NOW, turn=turn, approvals=chained)
+    settled = await db.store.turns.complete_and_pause(mine, now=NOW, turn=turn, approvals=chained)
     assert [a.id for a in settled] == [approval.id]
-    assert [a.id for a in await db.store.waiting_on(approval.thread)] == [chained[0].id]
+    assert [a.id for a in await db.store.turns.waiting_on(approval.thread)] == [chained[0].id]
     assert (await db.row(ConversationRow, conversation)).busy_until is not None  # still held
 
 
 async def test_threads_and_events(db: Db) -> None:
     thread = db.thread()
-    assert not await db.store.knows(thread)
-    first = await db.store.hold_thread(
+    assert not await db.store.turns.knows(thread)
+    first = await db.store.turns.hold_thread(
         thread, author="UASK", new_id=str(uuid.uuid4()), now=NOW, until=NOW + HOUR
     )
-    assert first is not None and await db.store.knows(thread)
+    assert first is not None and await db.store.turns.knows(thread)
     assert (
-        await db.store.hold_thread(thread, author="UASK", new_id="y", now=NOW, until=NOW + HOUR)
+        await db.store.turns.hold_thread(
+            thread, author="UASK", new_id="y", now=NOW, until=NOW + HOUR
+        )
         is None
     )
-    await db.store.release_thread(first.conversation_id, snapshot_id="s1")
-    again = await db.store.hold_thread(
+    await db.store.turns.release_thread(first.conversation_id, snapshot_id="s1")
+    again = await db.store.turns.hold_thread(
         thread, author="UOTHER", new_id="z", now=NOW, until=NOW + HOUR
     )
     assert again == replace(first, snapshot_id="s1", participants=("UASK", "UOTHER"))
-    await db.store.release_thread(first.conversation_id, snapshot_id=None)
-    third = await db.store.hold_thread(thread, author="UASK", new_id="w", now=NOW, until=NOW + HOUR)
+    await db.store.turns.release_thread(first.conversation_id, snapshot_id=None)
+    third = await db.store.turns.hold_thread(
+        thread, author="UASK", new_id="w", now=NOW, until=NOW + HOUR
+    )
     assert third is not None and third.participants == ("UASK", "UOTHER")  # each one once
     event = f"Ev{uuid.uuid4().hex}"
-    results = await asyncio.gather(*(db.store.accept_event(event, now=NOW) for _ in range(5)))
+    results = await asyncio.gather(*(db.store.turns.accept_event(event, now=NOW) for _ in range(5)))
     assert sorted(results) == [False] * 4 + [True]
 
 
 CARD_ACTS: dict[Transition, Callable[[Db, Approval], Awaitable[object]]] = {
-    RETRY_CARD: lambda d, a: d.store.retry_card(a, now=NOW, stale=NOW - HOUR),
-    CARD_POSTED: lambda d, a: d.store.card_posted(a, ts="1.5"),
-    CARD_FAILED: lambda d, a: d.store.card_failed(a, now=NOW),
+    RETRY_CARD: lambda d, a: d.store.follow_ups.retry_card(a, now=NOW, stale=NOW - HOUR),
+    CARD_POSTED: lambda d, a: d.store.follow_ups.card_posted(a, ts="1.5"),
+    CARD_FAILED: lambda d, a: d.store.follow_ups.card_failed(a, now=NOW),
 }
 
 
@@ -426,34 +434,34 @@ async def quorum(db: Db, needed: int) -> Approval:
     approval, _ = await db.seed()
     async with db.sessions.begin() as s:
         (await s.get_one(ApprovalRow, approval.id)).approvals_needed = needed
-    found = await db.store.get(db.team, approval.id)
+    found = await db.store.reads.get(db.team, approval.id)
     assert found is not None and found.request.approvals_needed == needed
     return found
 
 
 async def test_a_quorum_needs_distinct_approvers_and_completes_once(db: Db) -> None:
     approval = await quorum(db, 2)
-    first, _ = await db.store.decide(approval, Approved("UA", NOW))
+    first, _ = await db.store.decisions.decide(approval, Approved("UA", NOW))
     assert first.decision is None and [v.by for v in first.votes] == ["UA"]
     with pytest.raises(IllegalTransition) as again:
-        await db.store.decide(approval, Approved("UA", NOW))
+        await db.store.decisions.decide(approval, Approved("UA", NOW))
     assert Requirement.NEW_VOTER in again.value.unmet
-    second, others = await db.store.decide(approval, Approved("UB", NOW, "ok"))
+    second, others = await db.store.decisions.decide(approval, Approved("UB", NOW, "ok"))
     assert isinstance(second.decision, Approved) and second.decision.by == "UB"
     assert [v.by for v in second.votes] == ["UA", "UB"] and others == 0
     with pytest.raises(IllegalTransition) as late:
-        await db.store.decide(approval, Approved("UC", NOW))
+        await db.store.decisions.decide(approval, Approved("UC", NOW))
     assert late.value.state == ApprovalState.APPROVED
-    assert [e.action for e in await db.store.audit_trail(db.team)] == ["approved", "approved"]
+    assert [e.action for e in await db.store.reads.audit_trail(db.team)] == ["approved", "approved"]
 
 
 async def test_a_deny_ends_a_quorum_after_votes(db: Db) -> None:
     approval = await quorum(db, 3)
-    await db.store.decide(approval, Approved("UA", NOW))
-    denied, _ = await db.store.decide(approval, Denied("UB", NOW, "no"))
+    await db.store.decisions.decide(approval, Approved("UA", NOW))
+    denied, _ = await db.store.decisions.decide(approval, Denied("UB", NOW, "no"))
     assert isinstance(denied.decision, Denied) and denied.decision.reason == "no"
     with pytest.raises(IllegalTransition):
-        await db.store.decide(approval, Approved("UC", NOW))
+        await db.store.decisions.decide(approval, Approved("UC", NOW))
 
 
 async def test_twenty_people_approving_at_once_complete_a_quorum_of_two_once(db: Db) -> None:
@@ -461,60 +469,62 @@ async def test_twenty_people_approving_at_once_complete_a_quorum_of_two_once(db:
 
     async def click(i: int) -> str:
         try:
-            now, _ = await db.store.decide(approval, Approved(f"U{i:02d}", NOW))
+            now, _ = await db.store.decisions.decide(approval, Approved(f"U{i:02d}", NOW))
         except IllegalTransition:
             return "refused"
         return "approved" if now.decision is not None else "vote"
 
     results = await asyncio.gather(*(click(i) for i in range(20)))
     assert sorted(results) == sorted(["approved", "vote"] + ["refused"] * 18)
-    final = await db.store.get(db.team, approval.id)
+    final = await db.store.reads.get(db.team, approval.id)
     assert final is not None and len(final.votes) == 2 and isinstance(final.decision, Approved)
 
 
 async def test_one_person_racing_themselves_votes_once(db: Db) -> None:
     approval = await quorum(db, 2)
     results = await asyncio.gather(
-        *(db.store.decide(approval, Approved("UA", NOW)) for _ in range(5)), return_exceptions=True
+        *(db.store.decisions.decide(approval, Approved("UA", NOW)) for _ in range(5)),
+        return_exceptions=True,
     )
     assert sum(not isinstance(r, BaseException) for r in results) == 1
     assert all(isinstance(r, IllegalTransition) for r in results if isinstance(r, BaseException))
-    final = await db.store.get(db.team, approval.id)
+    final = await db.store.reads.get(db.team, approval.id)
     assert final is not None and [v.by for v in final.votes] == ["UA"] and final.decision is None
 
 
 async def test_an_edit_resets_a_quorums_votes_to_the_editors(db: Db) -> None:
     approval = await quorum(db, 2)
-    await db.store.decide(approval, Approved("UA", NOW))
-    edited = await db.store.edit(approval, Edit({"amount": 3}, "UB", NOW))
+    await db.store.decisions.decide(approval, Approved("UA", NOW))
+    edited = await db.store.decisions.edit(approval, Edit({"amount": 3}, "UB", NOW))
     assert edited.decision is None and [v.by for v in edited.votes] == ["UB"]
     assert edited.edit == Edit({"amount": 3}, "UB", NOW)
     # UA approved something else: a click on the card as it was is refused; UA votes again
     # on the edited request, and completes the quorum.
     with pytest.raises(IllegalTransition) as stale:
-        await db.store.decide(approval, Approved("UC", NOW))
+        await db.store.decisions.decide(approval, Approved("UC", NOW))
     assert stale.value.unmet == (Requirement.AS_SEEN,)
-    done, _ = await db.store.decide(edited, Approved("UA", NOW))
+    done, _ = await db.store.decisions.decide(edited, Approved("UA", NOW))
     assert isinstance(done.decision, Approved) and done.edit == edited.edit
     trail = [
-        (e.action, e.actor, e.detail.get("edited")) for e in await db.store.audit_trail(db.team)
+        (e.action, e.actor, e.detail.get("edited"))
+        for e in await db.store.reads.audit_trail(db.team)
     ]
     assert ("edited", "UB", {"amount": 3}) in trail and ("approved", "UA", {"amount": 3}) in trail
     with pytest.raises(IllegalTransition) as decided:
-        await db.store.edit(approval, Edit({"amount": 4}, "UC", NOW))
+        await db.store.decisions.edit(approval, Edit({"amount": 4}, "UC", NOW))
     assert decided.value.state == ApprovalState.APPROVED
 
 
 async def test_an_edit_of_a_request_one_approver_decides_is_part_of_the_approval(db: Db) -> None:
     approval, _ = await db.seed()
     with pytest.raises(IllegalTransition) as one:
-        await db.store.edit(approval, Edit({"amount": 3}, "UB", NOW))
+        await db.store.decisions.edit(approval, Edit({"amount": 3}, "UB", NOW))
     assert one.value.unmet == (Requirement.SEVERAL_NEEDED,) and await db.audit_rows() == 0
     edit = Edit({"amount": 3}, "UB", NOW)
-    done, _ = await db.store.decide(approval, Approved("UB", NOW), edited=edit)
+    done, _ = await db.store.decisions.decide(approval, Approved("UB", NOW), edited=edit)
     assert isinstance(done.decision, Approved) and done.edit == edit
     plain, _ = await db.seed()
-    approved, _ = await db.store.decide(plain, Approved("UB", NOW))
+    approved, _ = await db.store.decisions.decide(plain, Approved("UB", NOW))
     assert approved.edit is None
 
 
@@ -522,20 +532,20 @@ async def test_a_decision_counts_only_for_the_version_it_names_and_the_gate_runs
     db: Db,
 ) -> None:
     approval = await quorum(db, 2)
-    v2 = await db.store.edit(approval, Edit({"amount": 3}, "UB", NOW))
+    v2 = await db.store.decisions.edit(approval, Edit({"amount": 3}, "UB", NOW))
     assert (v2.version, v2.current.input, v2.current.edit) == (2, {"amount": 3}, v2.edit)
     for stale in (Approved("UA", NOW), Denied("UA", NOW)):  # a view of version 1
         with pytest.raises(IllegalTransition) as refused:
-            await db.store.decide(v2, stale, seen=1)
+            await db.store.decisions.decide(v2, stale, seen=1)
         assert refused.value.unmet == (Requirement.AS_SEEN,)
-    v3 = await db.store.edit(v2, Edit({"amount": 5}, "UA", NOW))
+    v3 = await db.store.decisions.edit(v2, Edit({"amount": 5}, "UA", NOW))
     assert v3.version == 3 and [(v.by, v.at) for v in v3.votes] == [("UA", NOW)]
-    done, _ = await db.store.decide(v3, Approved("UC", NOW), seen=3)
+    done, _ = await db.store.decisions.decide(v3, Approved("UC", NOW), seen=3)
     assert isinstance(done.decision, Approved) and done.current.input == {"amount": 5}
     with pytest.raises(IllegalTransition) as other:  # a version that was never approved
-        await db.store.start_execution(replace(done, version=2), now=NOW)
+        await db.store.executions.start_execution(replace(done, version=2), now=NOW)
     assert other.value.unmet == (Requirement.SAME_VERSION,)
-    await db.store.start_execution(done, now=NOW)
+    await db.store.executions.start_execution(done, now=NOW)
 
 
 FOLLOW_UPS = {REMIND: ("reminder", "remind_at"), ESCALATE: ("escalation", "escalate_at")}
@@ -559,17 +569,17 @@ async def test_follow_ups_take_once_exactly_when_the_table_allows(
             Requirement.ESCALATION_DUE: at <= NOW,
         }
         enters = expected(transition, state, holds)
-        due = {a.id for a in await db.store.due(transition, now=NOW, team_id=db.team)}
+        due = {a.id for a in await db.store.follow_ups.due(transition, now=NOW, team_id=db.team)}
         case = f"{transition.name} from {state}, {status}, at {at:%H:%M}"
         assert (approval.id in due) == (enters is not None), case
         audits = await db.audit_rows()
         if enters is None:
             with pytest.raises(IllegalTransition):
-                await db.store.follow_up(transition, approval, now=NOW)
+                await db.store.follow_ups.follow_up(transition, approval, now=NOW)
             assert getattr(await db.row(ApprovalRow, approval.id), column) == state, case
             continue
         results = await asyncio.gather(
-            *(db.store.follow_up(transition, approval, now=NOW) for _ in range(3)),
+            *(db.store.follow_ups.follow_up(transition, approval, now=NOW) for _ in range(3)),
             return_exceptions=True,
         )
         assert sum(not isinstance(r, BaseException) for r in results) == 1, case  # once
@@ -579,7 +589,7 @@ async def test_follow_ups_take_once_exactly_when_the_table_allows(
 
 async def test_a_requests_context_is_kept_and_the_requesters_history_counted(db: Db) -> None:
     thread = db.thread()
-    held = await db.store.hold_thread(
+    held = await db.store.turns.hold_thread(
         thread, author="UASK", new_id=str(uuid.uuid4()), now=NOW, until=NOW + HOUR
     )
     assert held is not None
@@ -592,15 +602,15 @@ async def test_a_requests_context_is_kept_and_the_requesters_history_counted(db:
     )
     fresh = new_approval(thread, turn.id, 0)
     fresh = replace(fresh, request=replace(fresh.request, context=context))
-    await db.store.pause(turn, [fresh])
-    stored = await db.store.get(db.team, fresh.id)
+    await db.store.turns.pause(turn, [fresh])
+    stored = await db.store.reads.get(db.team, fresh.id)
     assert stored is not None and stored.request.context == context
-    assert await db.store.paused_snapshot(stored) == "snap"
+    assert await db.store.reads.paused_snapshot(stored) == "snap"
 
     for status in (ApprovalState.APPROVED, ApprovalState.APPROVED, ApprovalState.DENIED):
         await db.seed(status=status)  # by UASK, transferMoney
     await db.seed(status=ApprovalState.EXPIRED)
-    history = await db.store.history(
+    history = await db.store.reads.history(
         db.team, "UASK", ["transferMoney", "exportData"], since=NOW - HOUR, days=30
     )
     # Pending requests (the fresh one, the seeds' siblings) are not history yet.
@@ -608,12 +618,12 @@ async def test_a_requests_context_is_kept_and_the_requesters_history_counted(db:
         "transferMoney": History(approved=2, denied=1, expired=1, days=30),
         "exportData": History(days=30),
     }
-    assert await db.store.history(db.team, "UOTHER", ["transferMoney"], since=NOW, days=1) == {
-        "transferMoney": History(days=1)
-    }
+    assert await db.store.reads.history(
+        db.team, "UOTHER", ["transferMoney"], since=NOW, days=1
+    ) == {"transferMoney": History(days=1)}
 
-    await db.store.note_viewed(stored, by="UBOSS", now=NOW)
-    trail = await db.store.audit_trail(db.team)
+    await db.store.reads.note_viewed(stored, by="UBOSS", now=NOW)
+    trail = await db.store.reads.audit_trail(db.team)
     assert ("conversation_viewed", "UBOSS", fresh.id) in {
         (e.action, e.actor, e.approval_id) for e in trail
     }

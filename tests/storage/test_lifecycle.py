@@ -7,6 +7,25 @@ from datetime import UTC, datetime
 
 import pytest
 
+from storage.domain import (
+    Answered,
+    Approval,
+    ApprovalState,
+    Approved,
+    CardState,
+    Denied,
+    Edit,
+    EscalationState,
+    ExecutionState,
+    Expired,
+    Finished,
+    NotStarted,
+    ReminderState,
+    Request,
+    Started,
+    Thread,
+    TurnState,
+)
 from storage.lifecycle import (
     ANSWER,
     APPROVE,
@@ -30,27 +49,10 @@ from storage.lifecycle import (
     STATES,
     TRANSITIONS,
     VOTE,
-    Answered,
-    Approval,
-    ApprovalState,
-    Approved,
-    CardState,
-    Denied,
-    Edit,
-    EscalationState,
-    ExecutionState,
-    Expired,
-    Finished,
     IllegalTransition,
-    NotStarted,
-    ReminderState,
-    Request,
     Requirement,
-    Started,
     State,
-    Thread,
     Transition,
-    TurnState,
 )
 
 A, E, T, C, R = ApprovalState, ExecutionState, TurnState, CardState, Requirement

@@ -17,7 +17,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from storage.db import SessionFactory, make_session_factory
-from storage.lifecycle import ApprovalState, ExecutionState, TurnState
+from storage.domain import ApprovalState, ExecutionState, TurnState
 from storage.models import (
     ApprovalRow,
     AuditRow,

@@ -1,0 +1,289 @@
+"""Decisions: Approve (a vote, or the approval), Deny, Edit & approve, answers; each once.
+
+Each checks who may decide (agent/eligibility.py) and that the request is still open, then
+is one conditional write (storage/decisions.py): of two clicks exactly one takes, and the
+other is told why (DecisionRefused, with the request as it is now). A decision names the
+version its person was shown; one on a version no longer current changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from agent.approval import preview_of
+from agent.eligibility import Facts, check_eligible, for_version
+from agent.inputs import coerced, same_value
+from agent.observer import Watch
+from agent.outcomes import Decided, DecisionRefused, EditRefused, InvalidAnswer
+from agent.policy import ApproverFacts, Policy, PolicyService
+from agent.prompt_edits import is_prompt, prompt_edited
+from agent.questions import form_errors
+from agent.runtime import AgentRuntime
+from storage.approval_store import ApprovalStore
+from storage.domain import Answered, Approval, Approved, Denied, Edit
+from storage.lifecycle import IllegalTransition, Requirement
+from storage.policy_spec import StoredPolicy
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """Records decisions and answers, each once, by a person who may make it."""
+
+    runtime: AgentRuntime
+    store: ApprovalStore
+    policies: PolicyService
+    watch: Watch
+    clock: Callable[[], datetime]
+
+    async def check_decider(
+        self, team_id: str, approval_id: str, approver: str, facts: Facts
+    ) -> Approval:
+        """The approval, if `approver` may decide it now; else DecisionRefused saying why.
+
+        `facts` may be a callback: the transport then looks people up only for a request
+        that exists and is pending, knowing its tool's policy.
+        """
+        approval, stored = await self._open(team_id, approval_id)
+        if approval.request.question:
+            raise DecisionRefused("a_question", approval)
+        if approval.decision is not None:
+            raise DecisionRefused("already_decided", approval)
+        await self._check(approval, stored, approver, facts)
+        return approval
+
+    async def check_answerer(
+        self, team_id: str, approval_id: str, person: str, facts: Facts
+    ) -> Approval:
+        """The question, if `person` may answer it now; else DecisionRefused saying why. A
+        question to the requester is theirs alone; one to the approvers, any approver's."""
+        approval, stored = await self._open(team_id, approval_id)
+        r = approval.request
+        if not r.question:
+            raise DecisionRefused("not_a_question", approval)
+        if approval.decision is not None:
+            raise DecisionRefused("already_decided", approval)
+        if r.asks == "requester":
+            if person != r.requester:
+                raise DecisionRefused("not_the_requester", approval)
+        else:
+            await self._check(approval, stored, person, facts)
+        return approval
+
+    async def answer(
+        self,
+        team_id: str,
+        approval_id: str,
+        person: str,
+        answer: Any,
+        *,
+        facts: Facts | None = None,
+    ) -> Decided:
+        """Record the answer to a question, once. DecisionRefused (nothing changes) when the
+        person may not answer it or it is settled; InvalidAnswer when it does not fit the
+        question's form."""
+        approval = await self.check_answerer(team_id, approval_id, person, facts or ApproverFacts())
+        if (form := self.runtime.question_form(approval.request.tool)) is not None:
+            if errors := form_errors(form, answer):
+                raise InvalidAnswer(errors)
+        elif not isinstance(answer, str) or not answer.strip():
+            raise InvalidAnswer({"answer": "an answer is needed"})
+        try:
+            done, others_pending = await self.store.decisions.answer(
+                approval, Answered(person, self.clock(), answer)
+            )
+        except IllegalTransition as refused:  # answered first by someone, or time ran out
+            current = await self._expire_if_overdue(refused.current or approval)
+            raise DecisionRefused("already_decided", current) from None
+        self.watch.settled(done)
+        return Decided(done, turn_ready=others_pending == 0)
+
+    async def decide(
+        self,
+        team_id: str,
+        approval_id: str,
+        approver: str,
+        *,
+        approve: bool,
+        reason: str | None = None,
+        facts: Facts | None = None,
+        seen: int | None = None,
+    ) -> Decided:
+        """Record one decision on version `seen` of the request (the one the approver was
+        shown; None: the current one), atomically; raises DecisionRefused and changes nothing
+        else. A decision on a version that is no longer current is refused ("changed")."""
+        approval = await self.check_decider(
+            team_id, approval_id, approver, facts or ApproverFacts()
+        )
+        now = self.clock()  # after the look-ups: the deadline holds at the write
+        decision = Approved(approver, now, reason) if approve else Denied(approver, now, reason)
+        return await self._record(approval, decision, seen=seen)
+
+    async def approve_with_changes(
+        self,
+        team_id: str,
+        approval_id: str,
+        approver: str,
+        changed: dict[str, Any],
+        *,
+        facts: Facts | None = None,
+        seen: int | None = None,
+    ) -> Decided:
+        """Edit & approve of version `seen`: `changed`, as the tool's schema validates it
+        (InvalidAnswer by field), compared with the current version. Equal, it is a plain
+        Approve of that version; different, it makes the next version, approved by this
+        approver alone (with several approvers needed, the others approve again). The new
+        version's policy is evaluated afresh: one that would route the decision elsewhere,
+        to other approvers or escalation, or need more approvals, is refused by field
+        (EditRefused); the approver must be one under it too."""
+        facts = facts or ApproverFacts()
+        approval = await self.check_decider(team_id, approval_id, approver, facts)
+        if seen is not None and seen != approval.version:
+            raise DecisionRefused("changed", approval)
+        r = approval.request
+        tool = self.runtime.tools.get(r.tool)
+        if is_prompt(r.tool):
+            new, errors = prompt_edited(approval.current.input, changed)
+        elif tool is None:
+            raise InvalidAnswer({"input": "no such tool"})
+        else:
+            new, errors = coerced(tool.action(), changed)
+        if errors or not isinstance(new, dict):
+            raise InvalidAnswer(errors or {"input": "an object is needed"})
+        if same_value(new, approval.current.input):  # nothing changed: a vote for what it is
+            decision = Approved(approver, self.clock())
+            return await self._record(approval, decision, seen=approval.version)
+        await self._check_edit(approval, new, approver, facts)
+        preview = await preview_of(self.runtime.previews, r.tool, new)
+        # The decision's time, after the look-ups and the preview, as an Approve takes it.
+        edit = Edit(new, approver, self.clock(), preview)
+        if r.approvals_needed > 1:
+            try:
+                done = await self.store.decisions.edit(approval, edit, seen=approval.version)
+            except IllegalTransition as refused:
+                raise await self._refused(refused, approval) from None
+            return Decided(done, turn_ready=False)
+        decision = Approved(approver, edit.at)
+        return await self._record(approval, decision, seen=approval.version, edit=edit)
+
+    async def _expire_if_overdue(self, approval: Approval) -> Approval:
+        """A pending approval past its deadline is expired, whoever touches it first (a click,
+        the sweep); returns it as it is now."""
+        if approval.decision is not None or approval.request.expires_at > self.clock():
+            return approval
+        try:
+            expired = await self.store.decisions.expire(approval, now=self.clock())
+        except IllegalTransition as refused:
+            return refused.current or approval
+        self.watch.settled(expired)
+        return expired
+
+    async def _open(self, team_id: str, approval_id: str) -> tuple[Approval, StoredPolicy | None]:
+        """The request (expired first if its deadline passed) and its tool's stored policy."""
+        found = await self.store.decisions.decidable(team_id, approval_id)
+        if found is None:
+            raise DecisionRefused("not_found")
+        return await self._expire_if_overdue(found[0]), found[1]
+
+    async def _check(
+        self, approval: Approval, stored: StoredPolicy | None, person: str, facts: Facts
+    ) -> None:
+        policy = for_version(self.policies.of(approval.request.tool, stored), approval)
+        await check_eligible(policy, approval, person, facts)
+
+    async def _check_edit(
+        self, approval: Approval, new: dict[str, Any], approver: str, facts: Facts
+    ) -> None:
+        """EditRefused when the new version would move the decision; DecisionRefused unless
+        the approver may decide that version too."""
+        base = await self.policies.get(approval.thread.team_id, approval.request.tool)
+        candidate = replace(
+            approval, edit=Edit(new, approver, self.clock()), version=approval.version + 1
+        )
+        new_policy = for_version(base, candidate)
+        now_policy = for_version(base, approval)
+        if moved := _moves(now_policy, new_policy, approval.request.approvals_needed):
+            raise EditRefused(self._moved_fields(base, approval, new, moved))
+        await check_eligible(new_policy, candidate, approver, facts)
+
+    async def _record(
+        self,
+        approval: Approval,
+        decision: Approved | Denied,
+        *,
+        seen: int | None,
+        edit: Edit | None = None,
+    ) -> Decided:
+        """One decision on version `seen`, as storage's conditional write takes it (`edit`:
+        with the new version it makes, of a request one approver decides)."""
+        if seen is not None and seen != approval.version:
+            raise DecisionRefused("changed", approval)
+        try:
+            decided, others_pending = await self.store.decisions.decide(
+                approval, decision, edited=edit, seen=seen
+            )
+        except IllegalTransition as refused:
+            raise await self._refused(refused, approval) from None
+        self.watch.settled(decided)
+        # A vote towards a quorum leaves the approval pending: nothing to resume yet.
+        ready = decided.decision is not None and others_pending == 0
+        return Decided(decided, turn_ready=ready)
+
+    def _moved_fields(
+        self, base: Policy, approval: Approval, new: dict[str, Any], why: str
+    ) -> dict[str, str]:
+        """Which changed fields move the decision, each by itself (all changed fields when
+        only together they do), with why."""
+        current = approval.current.input
+        changed = [k for k in dict.fromkeys([*current, *new]) if not _same_field(current, new, k)]
+        blamed = []
+        for key in changed:
+            alone = {k: v for k, v in current.items() if k != key}
+            if key in new:
+                alone[key] = new[key]
+            one = replace(approval, edit=Edit(alone, "", self.clock()), version=0)
+            if _moves(
+                for_version(base, approval),
+                for_version(base, one),
+                approval.request.approvals_needed,
+            ):
+                blamed.append(key)
+        return dict.fromkeys(blamed or changed, why)
+
+    async def _refused(self, refused: IllegalTransition, approval: Approval) -> DecisionRefused:
+        """Why an Approve, a Deny or an edit changed nothing, for the person who tried."""
+        current = await self._expire_if_overdue(refused.current or approval)
+        if current.decision is None and Requirement.AS_SEEN in refused.unmet:
+            return DecisionRefused("changed", current)
+        if current.decision is None and Requirement.NEW_VOTER in refused.unmet:
+            return DecisionRefused("already_voted", current)
+        return DecisionRefused("already_decided", current)
+
+
+def _moves(now: Policy, new: Policy, approvals: int) -> str | None:
+    """Why a new version's policy would move the decision from the people who may make it
+    now; None when it does not (a version that needs no approval moves nothing)."""
+    if new.allowed:
+        return None
+    end = "; deny it instead and let the agent ask again"
+    if new.approvals > approvals:
+        return f"with this value the call needs {new.approvals} approvals, not {approvals}{end}"
+    if new.channel != now.channel:
+        return f"with this value the request goes to another approver channel{end}"
+    if set(new.approver_users) != set(now.approver_users) or set(new.approver_groups) != set(
+        now.approver_groups
+    ):
+        return f"with this value other people decide the request{end}"
+    if (new.escalate_to, set(new.escalate_users), set(new.escalate_groups)) != (
+        now.escalate_to,
+        set(now.escalate_users),
+        set(now.escalate_groups),
+    ) or (new.escalate_after != now.escalate_after):
+        return f"with this value the request escalates elsewhere{end}"
+    return None
+
+
+def _same_field(a: dict[str, Any], b: dict[str, Any], key: str) -> bool:
+    return (key in a) == (key in b) and same_value(a.get(key), b.get(key))

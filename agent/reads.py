@@ -1,0 +1,92 @@
+"""Reads for the transports: inbox, pending, own requests, audit pages, a request's conversation.
+
+None of them changes a request; a look at the conversation behind one is audited.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from agent.context import Line, conversation_lines
+from agent.eligibility import Facts, check_eligible, for_version
+from agent.outcomes import DecisionRefused
+from agent.policy import PolicyService
+from agent.runtime import AgentRuntime
+from storage.approval_store import ApprovalStore
+from storage.domain import Approval, AuditEntry
+
+
+@dataclass(frozen=True)
+class Reads:
+    """Requests as pages and people see them."""
+
+    runtime: AgentRuntime
+    store: ApprovalStore
+    policies: PolicyService
+    clock: Callable[[], datetime]
+
+    async def approval(self, team_id: str, approval_id: str) -> Approval | None:
+        return await self.store.reads.get(team_id, approval_id)
+
+    async def pending(
+        self, team_id: str, *, limit: int = 20, offset: int = 0
+    ) -> tuple[Approval, ...]:
+        return await self.store.reads.pending(team_id, limit=limit, offset=offset)
+
+    async def inbox(
+        self, team_id: str, person: str, facts: Facts, *, scan: int
+    ) -> tuple[Approval, ...]:
+        """The open requests `person` may decide (or answer) now, oldest first, among the
+        `scan` oldest pending ones of others: not past their deadline, not voted on by them,
+        and allowed by the trust rules with `facts` (the click checks again)."""
+        policies = {p.tool: p for p in await self.policies.all(team_id)}
+        now, mine = self.clock(), []
+        for approval in await self.store.reads.inbox(team_id, person, limit=scan):
+            r = approval.request
+            if r.asks == "requester" or r.expires_at <= now:
+                continue
+            if any(v.by == person for v in approval.votes):
+                continue
+            policy = policies.get(r.tool) or self.policies.of(r.tool, None)
+            try:
+                await check_eligible(for_version(policy, approval), approval, person, facts)
+            except DecisionRefused:
+                continue
+            mine.append(approval)
+        return tuple(mine)
+
+    async def requested_by(self, team_id: str, person: str, *, limit: int) -> tuple[Approval, ...]:
+        """`person`'s requests still waiting, or decided with their turn still going."""
+        return await self.store.reads.requested_by(team_id, person, limit=limit)
+
+    async def pending_by_tool(self) -> dict[str, int]:
+        """Requests waiting for a decision, by tool, in every workspace (for metrics)."""
+        return await self.store.reads.pending_by_tool()
+
+    async def audit_trail(
+        self, team_id: str, tool: str | None = None, *, limit: int = 20, offset: int = 0
+    ) -> list[AuditEntry]:
+        return await self.store.reads.audit_trail(team_id, tool=tool, limit=limit, offset=offset)
+
+    async def conversation(
+        self, team_id: str, approval_id: str, viewer: str, facts: Facts
+    ) -> tuple[Approval, list[Line]]:
+        """The conversation that led to a request, as the agent had it when the turn paused,
+        for someone who may decide it (before or after it was decided); audited."""
+        found = await self.store.decisions.decidable(team_id, approval_id)
+        if found is None:
+            raise DecisionRefused("not_found")
+        approval, stored = found
+        policy = for_version(self.policies.of(approval.request.tool, stored), approval)
+        await check_eligible(policy, approval, viewer, facts)
+        messages = []
+        if snapshot_id := await self.store.reads.paused_snapshot(approval):
+            snapshot = await self.runtime.sessions.get_snapshot(
+                snapshot_id=snapshot_id, context={"team_id": team_id}
+            )
+            if snapshot is not None and snapshot.state is not None:
+                messages = snapshot.state.messages or []
+        await self.store.reads.note_viewed(approval, by=viewer, now=self.clock())
+        return approval, conversation_lines(messages)
