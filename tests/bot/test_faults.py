@@ -325,8 +325,8 @@ async def bot_process(
     picked here could be taken by then, tests running in parallel."""
     env = dict(os.environ)
     env.pop("GENKIT_ENV", None)  # no Genkit reflection server in the bot
-    for name in ("RESUME_LEASE_SECONDS", "RECOVERY_INTERVAL_SECONDS", "TOOL_TIMEOUT_SECONDS"):
-        env.pop(name, None)  # the defaults, unless a test sets them
+    for setting in ("RESUME_LEASE_SECONDS", "RECOVERY_INTERVAL_SECONDS", "TOOL_TIMEOUT_SECONDS"):
+        env.pop(setting, None)  # the defaults, unless a test sets them
     env.update(
         SLACK_BOT_TOKEN="xoxb-test",
         SLACK_SIGNING_SECRET=SECRET,
