@@ -2,11 +2,11 @@
 127.0.0.1, talking to a fake Slack Web API, a fake Gemini (through the real Genkit plugin) and
 PostgreSQL. Requests reach it signed exactly as Slack signs them.
 
-Every test works under its own `team`, so tests share the database without seeing each other's
-rows. The bot suite has a database of its own all the same: the Service's recovery sweep runs at
-start-up over *every* workspace (as it must in production), and would otherwise resume turns
-that other suites leave decided-but-idle on purpose, spending this test's scripted model
-replies and posting into this test's fake Slack.
+Every bot test has a database of its own (`bot_database`), cloned from one migrated template
+per worker: the Service's recovery sweep and follow-ups run at start-up over *every* workspace
+(as they must in production), so in a shared database they would resume turns, expire approvals
+and remind approvers that earlier tests left behind, spending this test's scripted model
+replies and posting into this test's fake Slack. Tests still work under their own `team`.
 """
 
 from __future__ import annotations
@@ -47,52 +47,90 @@ def new_ts() -> str:
     return f"1600000000.{next(_ts):06d}"
 
 
-def bot_database_url() -> str:
-    """The bot suite's database: the run's test database name plus `_bot`."""
-    run = make_url(pg_test_url())
-    return run.set(database=f"{run.database}_bot").render_as_string(hide_password=False)
+class Clones:
+    """One worker's bot databases: a migrated template, and a copy of it for each test.
+
+    A copy takes tens of milliseconds (CREATE DATABASE ... TEMPLATE, its commit not waited
+    for: nothing here need survive a crash of the server). A drop waits on a checkpoint, so
+    each copy is dropped in the background while the next test runs, and the last ones at
+    the end of the worker's run.
+    """
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        self._count = itertools.count(1)
+        self._drops: set[asyncio.Task[None]] = set()
+
+    async def copy(self) -> str:
+        run = make_url(self.template)
+        name = f"{run.database}_{next(self._count)}"
+        await _admin(f'CREATE DATABASE "{name}" TEMPLATE "{run.database}"')
+        return run.set(database=name).render_as_string(hide_password=False)
+
+    def drop_later(self, url: str) -> None:
+        """Dropped WITH (FORCE): a connection the test left open does not keep it."""
+        name = make_url(url).database
+        task = asyncio.create_task(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        self._drops.add(task)
+        task.add_done_callback(self._drops.discard)
+
+    async def close(self) -> None:
+        await asyncio.gather(*self._drops, return_exceptions=True)
 
 
 async def _admin(sql: str) -> None:
     dsn = make_url(pg_test_url()).set(drivername="postgresql")
     conn = await asyncpg.connect(dsn.render_as_string(hide_password=False), timeout=5)
     try:
+        await conn.execute("SET synchronous_commit = off")
         await conn.execute(sql)
     finally:
         await conn.close()
 
 
 @pytest.fixture(scope="session")
-async def bot_database() -> AsyncIterator[str]:
-    """Created and migrated once for the bot suite, dropped at its end."""
-    url = bot_database_url()
-    name = make_url(url).database
-    await _admin(f'CREATE DATABASE "{name}"')
+async def bot_template() -> AsyncIterator[Clones]:
+    """The template: the run's test database name plus `_bot`, migrated once per worker."""
+    run = make_url(pg_test_url())
+    url = run.set(database=f"{run.database}_bot").render_as_string(hide_password=False)
+    await _admin(f'CREATE DATABASE "{run.database}_bot"')
+    clones = Clones(url)
     try:
         engine = make_engine(url)
         await upgrade(engine)
-        await engine.dispose()
+        await engine.dispose()  # a template is copied only while nobody is connected to it
+        yield clones
+    finally:
+        await clones.close()
+        await _admin(f'DROP DATABASE IF EXISTS "{run.database}_bot" WITH (FORCE)')
+
+
+@pytest.fixture
+async def bot_database(bot_template: Clones) -> AsyncIterator[str]:
+    """This test's own database, migrated, with nothing in it."""
+    url = await bot_template.copy()
+    try:
         yield url
     finally:
-        await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        bot_template.drop_later(url)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 async def bot_sessions(bot_database: str) -> AsyncIterator[SessionFactory]:
-    """The bot database, for tests that check what a request wrote (or did not)."""
+    """This test's database, for tests that check what a request wrote (or did not)."""
     engine = make_engine(bot_database)
     yield make_session_factory(engine)
     await engine.dispose()
 
 
 def bot_settings(slack: FakeSlack, gemini: FakeGemini, **overrides: Any) -> Settings:
+    """A Service's settings for these fakes; DATABASE_URL is the caller's (`bot_database`)."""
     values: dict[str, Any] = dict(
         SLACK_BOT_TOKEN="xoxb-test",
         SLACK_SIGNING_SECRET=SECRET,
         SLACK_API_URL=slack.base_url,
         GEMINI_API_KEY="k",
         GEMINI_API_URL=gemini.base_url,
-        DATABASE_URL=bot_database_url(),
         MIGRATE_ON_START=False,
         AGENT_TOOLS=["tests.ledger_tools"],
         APPROVER_CHANNEL=APPROVERS,
