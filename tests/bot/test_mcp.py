@@ -114,7 +114,7 @@ async def test_a_read_runs_when_allowed_and_a_write_runs_once_after_approval(
         client.click(team, "UBOSS", "approve", card), client.click(team, "UBOSS", "approve", card)
     )
     assert [s for s, _ in clicks] == [200, 200]
-    reply = await reply_in_thread(fake_slack, ts, timeout=15)
+    reply = await reply_in_thread(fake_slack, ts)
     await settle(service)
     assert text_of(reply) == "Opened ticket 1."
     assert mcp_tickets.created() == [dict(args, status="open")]
