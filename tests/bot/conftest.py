@@ -206,6 +206,14 @@ async def settle(service: Service, timeout: float = DEADLINE) -> None:  # noqa: 
             return
 
 
+def policy_file(slack: FakeSlack, team: str, path: Path, policy: str) -> dict[str, Any]:
+    """Settings for a POLICY_FILE of `policy` written at `path`. The file's policy is for the
+    workspace auth.test names, so the fake Slack names this test's `team` there."""
+    path.write_text(policy)
+    slack.team_id = team
+    return {"POLICY_FILE": path}
+
+
 @dataclass
 class SlackClient:
     """Sends what Slack would send to the service, signed with the app's signing secret."""
@@ -252,6 +260,14 @@ class SlackClient:
     ) -> tuple[int, str]:
         payload = sp.message_im_event(team, user, channel, text, ts or new_ts(), event_id=event_id)
         return await self.send(payload, headers=headers)
+
+    async def dm_until_card(
+        self, team: str, user: str, text: str, *, ts: str | None = None
+    ) -> Call:
+        """DM the bot (the model's answers already scripted) and wait for the approval card."""
+        assert (await self.dm(team, user, text, ts=ts))[0] == 200
+        (card,) = await self.slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
+        return card
 
     async def click(
         self, team: str, user: str, action: str, card: Call, *, channel: str = APPROVERS

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from bot.server import Service
-from tests.bot.conftest import APPROVERS, SlackClient, in_channel
+from tests.bot.conftest import APPROVERS, SlackClient, in_channel, policy_file
 from tests.fakes.slack_api import FakeSlack
 
 OWNER, OTHER, BOSS = "UALICE", "UCAROL", "UBOSS"
@@ -112,10 +112,7 @@ def service_overrides(
     """POLICY_FILE naming the API's tool, for the tests that ask for "api_tools"."""
     if getattr(request, "param", None) != "api_tools":
         return {}
-    path = tmp_path / "policy.yml"
-    path.write_text("api_tools: [deployRelease]\n")
-    fake_slack.team_id = team
-    return {"POLICY_FILE": path}
+    return policy_file(fake_slack, team, tmp_path / "policy.yml", "api_tools: [deployRelease]\n")
 
 
 @pytest.mark.parametrize("service_overrides", ["api_tools"], indirect=True)
