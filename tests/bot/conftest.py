@@ -116,6 +116,21 @@ async def bot_database(_migrated: str) -> str:
     return _migrated
 
 
+@pytest.fixture(autouse=True)
+async def _no_task_outlives_its_test() -> AsyncIterator[None]:
+    """Tasks a bot test leaves running are cancelled when it ends.
+
+    Every test runs on the suite's one event loop, and a few leave a task behind (a fake
+    server's handler cut off by a killed bot, a gateway call's wait): it would otherwise go
+    on during the next test, after that test's database was emptied."""
+    before = asyncio.all_tasks()
+    yield
+    left = asyncio.all_tasks() - before - {asyncio.current_task()}
+    for task in left:
+        task.cancel()
+    await asyncio.gather(*left, return_exceptions=True)
+
+
 @pytest.fixture
 async def bot_sessions(bot_database: str) -> AsyncIterator[SessionFactory]:
     """This test's database, for tests that check what a request wrote (or did not)."""
