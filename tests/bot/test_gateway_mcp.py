@@ -47,7 +47,7 @@ async def mcp_client(service: Service, token: str) -> AsyncIterator[Client]:
 
 
 async def card_for(slack: FakeSlack) -> Call:
-    [card] = await slack.wait_for("chat.postMessage", timeout=15, predicate=in_channel(APPROVERS))
+    [card] = await slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
     return card
 
 
@@ -84,7 +84,7 @@ async def test_a_call_waits_for_approval_and_runs_once(
         assert not call.done() and ledger_tools.entries() == []
         # Four eyes: the key's owner is the requester and cannot approve.
         await client.click(team, OWNER, "approve", card)
-        await fake_slack.wait_for("chat.postEphemeral", timeout=10)
+        await fake_slack.wait_for("chat.postEphemeral")
         assert not call.done()
         await client.click(team, BOSS, "approve", card)
         result = await asyncio.wait_for(call, 30)
@@ -114,7 +114,7 @@ async def test_a_denied_call_runs_nothing_and_says_why(
         call = asyncio.create_task(mcp.call_tool("transferMoney", {"amount": 5, "toAccount": "X"}))
         card = await card_for(fake_slack)
         await client.click(team, BOSS, "deny", card)
-        (opened,) = await fake_slack.wait_for("views.open", timeout=10)
+        (opened,) = await fake_slack.wait_for("views.open")
         reason = {"reason": {"reason": {"type": "plain_text_input", "value": "not today"}}}
         await client.submit(team, BOSS, opened.args["view"], reason)
         result = await asyncio.wait_for(call, 30)
@@ -186,7 +186,7 @@ async def test_approval_prompt_denies_with_the_reason(
         call = asyncio.create_task(mcp.call_tool("approval_prompt", asked))
         card = await card_for(fake_slack)
         await client.click(team, BOSS, "deny", card)
-        (opened,) = await fake_slack.wait_for("views.open", timeout=10)
+        (opened,) = await fake_slack.wait_for("views.open")
         reason = {"reason": {"reason": {"type": "plain_text_input", "value": "never"}}}
         await client.submit(team, BOSS, opened.args["view"], reason)
         result = await asyncio.wait_for(call, 30)
