@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
@@ -31,11 +33,18 @@ SUMMARY_MAX = 300  # characters of a tool call or result in the conversation's s
 CONVERSATION_MAX = 20  # messages shown of the conversation that led to a call
 TRACE_TEXT_MAX = 2 * 1024 * 1024  # characters of humans' text (and of each result) searched
 TRACE_VALUES_MAX = 500  # argument values traced per call; the rest are left out
+# The haystacks a process keeps for the next turn (`_Recent`): those of at least RECENT_MIN
+# characters (smaller ones are read again in a few ms), up to RECENT_MAX in all (about 15
+# bytes of memory a character: 60 MB).
+RECENT_MIN = 16 * 1024
+RECENT_MAX = 4 * 1024 * 1024
 
 # A number as people write it: 12345, 1,500, 1'500.00, 1 500 (a narrow or no-break space).
 _NUMBER = re.compile(r"\d{1,3}(?:[,'\u00a0\u202f]\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?")
 _SEPARATORS = str.maketrans("", "", ",'\u00a0\u202f")
+_DIGITS = re.compile(r"\d[\d,'.\u00a0\u202f]*")  # where _NUMBER can match: it starts with a digit
 _WORD = re.compile(r"\w+")
+_Key = str | int | Decimal  # a word (a string) or a number (by value) in a text
 
 
 def human_message(text: str, *, by: str, at: datetime, viewing: str | None = None) -> Message:
@@ -81,10 +90,11 @@ def trace(args: Any, conversation: Sequence[Message] | Index) -> dict[str, Sourc
     for n, (path, value) in enumerate(leaves(args)):
         if n >= TRACE_VALUES_MAX:
             break  # left out: a rule reading it fails safe, the card claims nothing
-        if index.human.has(value):
+        needle = _Needle.of(value)
+        if index.human.has(needle):
             sources[path] = Source("human")
             continue
-        found = (name for name, haystack in reversed(index.results) if haystack.has(value))
+        found = (name for name, haystack in reversed(index.results) if haystack.has(needle))
         tool = next(found, None)
         sources[path] = Source("tool", tool) if tool is not None else Source("model")
     return sources
@@ -92,27 +102,30 @@ def trace(args: Any, conversation: Sequence[Message] | Index) -> dict[str, Sourc
 
 class Index:
     """What a turn's conversation says, ready to look argument values up in: built once per
-    conversation (it costs a pass over the text), each look-up then a set probe or a
-    search in text known to hold every word of the value. Each haystack keeps only its
-    last TRACE_TEXT_MAX characters: a value only further back counts as not found, which
-    flags it (the safe side)."""
+    model answer, from the previous answer's where the process has it (so only new
+    messages are read), each look-up then a set probe or a search in the messages that
+    hold every word of the value. Each haystack keeps only its last TRACE_TEXT_MAX
+    characters: a value only further back counts as not found, which flags it (the safe
+    side)."""
 
     def __init__(self, conversation: Sequence[Message]) -> None:
-        self.human = _Haystack(_text(m) for m in conversation if _human(m))
-        results = [
-            (part.tool_response.name, _Haystack(_strings(part.tool_response.output)))
-            for m in conversation
-            if m.role == "tool"
-            for part in m.content
-            if part.tool_response is not None
-        ]
-        # A file's content, read with read_file, reaches the model as an unsigned user message.
-        results += [
-            ("read_file", _Haystack([_text(m)]))
-            for m in conversation
-            if m.role == "user" and not _human(m) and _text(m).startswith("<read_file")
-        ]
-        self.results = results
+        humans: list[str] = []
+        results: list[tuple[str, _Haystack]] = []
+        files: list[tuple[str, _Haystack]] = []  # searched before the other results
+        for m in conversation:
+            if m.role == "tool":
+                results += [
+                    (part.tool_response.name, _Haystack.of(_strings(part.tool_response.output)))
+                    for part in m.content
+                    if part.tool_response is not None
+                ]
+            elif m.role == "user" and _human(m):
+                humans.append(_text(m))
+            elif m.role == "user" and (text := _text(m)).startswith("<read_file"):
+                # A file's content, read with read_file, reaches the model unsigned.
+                files.append(("read_file", _Haystack.of([text])))
+        self.human = _Haystack.of(humans)
+        self.results = results + files
 
 
 def as_provenance(args: Any, sources: Mapping[str, Source], path: str = "") -> Any:
@@ -156,59 +169,196 @@ def _join(path: str, key: object) -> str:
 
 
 class _Haystack:
-    """Text to look values up in: case and runs of whitespace ignored, numbers by value."""
+    """Text to look values up in: case and runs of whitespace ignored, numbers by value.
 
-    def __init__(self, texts: Iterator[str] | Sequence[str]) -> None:
+    A set of pieces (a message, a string of a tool's result), each analysed once: its words
+    say which pieces a value can be in (`where`), so a look-up searches a few messages,
+    never a megabyte (most of a millisecond per value). Immutable once built; the next
+    turn's is derived from it (`RECENT`), at the cost of the pieces that changed."""
+
+    def __init__(self, pieces: dict[str, _Piece], where: dict[_Key, list[_Piece]]) -> None:
+        self.pieces = pieces  # by text
+        self.where = where  # each word and number -> the pieces that have it
+        self.size = sum(map(len, pieces))
+
+    @classmethod
+    def of(cls, texts: Iterable[str]) -> _Haystack:
+        """The haystack of `texts`, keeping the latest up to TRACE_TEXT_MAX characters."""
         kept, size = [], 0
         for text in reversed(list(texts)):  # the latest first, up to the cap
             if size >= TRACE_TEXT_MAX:
                 break
             kept.append(text[-(TRACE_TEXT_MAX - size) :])
             size += len(kept[-1])
-        kept.reverse()
-        # Message by message, never one long call over it all: a thread doing this hands
-        # the interpreter back to the event loop between pieces.
-        normal = [_normal(t) for t in kept]
-        self.text = " \n ".join(normal)
-        self.words: set[str] = set()
-        for t in normal:
-            self.words.update(_WORD.findall(t))
-        self._kept = kept
-        self._numbers: set[Decimal] | None = None
+        if not kept:
+            return _EMPTY
+        wanted = set(kept)
+        # The one kept under one of its latest texts (kept is latest first) that differs
+        # least; built from nothing if none is nearer than that.
+        near = [(len(h.pieces.keys() ^ wanted), k, h) for k, h in RECENT.near(kept[:3])]
+        differ, key, base = min(near, key=lambda n: n[0], default=(0, "", _EMPTY))
+        if differ > len(wanted):
+            key, base = "", _EMPTY
+        haystack = base if base.pieces.keys() == wanted else base.changed(wanted)
+        RECENT.keep(kept[0], haystack, replacing=(key, base))
+        return haystack
 
-    @property
-    def numbers(self) -> set[Decimal]:
-        """The numbers the text has, by value: read once, when a number is first looked up."""
-        if self._numbers is None:
-            raw: set[str] = set()
-            for t in self._kept:
-                raw.update(_NUMBER.findall(t))  # the same number written twice: parsed once
-            parsed = (_decimal(r.translate(_SEPARATORS)) for r in raw)
-            self._numbers = {n for n in parsed if n is not None}
-        return self._numbers
+    def changed(self, texts: set[str]) -> _Haystack:
+        """This haystack with `texts` as its pieces: only the pieces that differ cost."""
+        pieces, where = dict(self.pieces), dict(self.where)
 
-    def has(self, value: str | int | float) -> bool:
-        if not isinstance(value, str):
-            return _decimal(str(value)) in self.numbers
-        needle = _normal(value)
-        number = _decimal(needle.translate(_SEPARATORS)) if _NUMBER.fullmatch(needle) else None
-        if number is not None and number in self.numbers:
+        def having(key: _Key) -> list[_Piece]:
+            found = where.get(key)
+            if found is None:
+                found = where[key] = []
+            elif found is self.where.get(key):
+                found = where[key] = list(found)  # shared with this one: copied first
+            return found
+
+        for text in self.pieces.keys() - texts:
+            gone = pieces.pop(text)
+            for key in gone.terms():
+                having(key).remove(gone)
+                if not where[key]:
+                    del where[key]
+        # Message by message: a thread doing this hands the interpreter back to the event
+        # loop between pieces, never one long call over it all.
+        for text in texts - self.pieces.keys():
+            piece = pieces[text] = _Piece.of(text)
+            for key in piece.terms():
+                having(key).append(piece)
+        return _Haystack(pieces, where)
+
+    def has(self, needle: _Needle) -> bool:
+        if needle.number is not None and needle.number in self.where:
             return True
-        if not all(word in self.words for word in _WORD.findall(needle)):
+        if needle.text is None:
+            return False
+        having = [self.where.get(word, ()) for word in needle.words]
+        if not all(having):
             return False  # a word of it is nowhere: no need to search
-        # As a whole word (or words): "12" is not found in "12345".
-        text, at = self.text, self.text.find(needle)
-        while at >= 0:
-            before, after = (
-                text[at - 1 : at] if at else "",
-                text[at + len(needle) : at + len(needle) + 1],
-            )
-            if not (needle[:1].isalnum() and _wordy(before)) and not (
-                needle[-1:].isalnum() and _wordy(after)
-            ):
-                return True
-            at = text.find(needle, at + 1)
-        return False
+        candidates: Iterable[_Piece] = self.pieces.values()
+        if having and needle.text[:1] != "_" and needle.text[-1:] != "_":
+            # Found whole, each of its words is a whole word of the piece it is in: only
+            # the pieces with all of them can have it. (An edge "_" is not checked for
+            # the word going on, as a letter is: "_1" is found in "a_1", whose word is "a_1".)
+            shortest = min(having, key=len)
+            candidates = (p for p in shortest if needle.words <= p.words)
+        return any(_whole(p.normal, needle.text) for p in candidates)
+
+
+@dataclass(frozen=True, eq=False)  # compared by identity: a haystack's lists remove it so
+class _Piece:
+    """One text, analysed: normalised, its words, and its numbers by value."""
+
+    normal: str
+    words: frozenset[str]
+    numbers: frozenset[int | Decimal]
+
+    @classmethod
+    def of(cls, text: str) -> _Piece:
+        normal = _normal(text)
+        # Numbers are read only where a digit starts a run of what numbers are made of:
+        # the same matches as reading the whole text, at a third of the cost.
+        raw = {n for run in _DIGITS.findall(text) for n in _NUMBER.findall(run)}
+        numbers = frozenset(n for n in map(_number, raw) if n is not None)
+        return cls(normal, frozenset(_WORD.findall(normal)), numbers)
+
+    def terms(self) -> tuple[_Key, ...]:
+        """What `where` finds it by: its words and its numbers."""
+        return (*self.words, *self.numbers)
+
+
+_EMPTY = _Haystack({}, {})
+
+
+@dataclass(frozen=True)
+class _Needle:
+    """An argument value as it is looked for: normalised once, whatever the haystacks."""
+
+    text: str | None  # a string's text, normalised (a number has none)
+    words: frozenset[str]
+    number: Decimal | None  # the value, if it is a number or a string that reads as one
+
+    @classmethod
+    def of(cls, value: str | int | float) -> _Needle:
+        if not isinstance(value, str):
+            return cls(None, frozenset(), _decimal(str(value)))
+        text = _normal(value)
+        number = _decimal(text.translate(_SEPARATORS)) if _NUMBER.fullmatch(text) else None
+        return cls(text, frozenset(_WORD.findall(text)), number)
+
+
+class _Recent:
+    """The haystacks built lately, by their latest text (a few under each: many threads'
+    latest message is "yes"), least recently used out first, up to `limit` characters in
+    all, none under `smallest`: a conversation's next turn finds its last one under its
+    previous message. Used from the threads that trace, hence the lock."""
+
+    def __init__(self, limit: int, smallest: int = 0, per_text: int = 4) -> None:
+        self._limit = limit
+        self._smallest = smallest
+        self._per_text = per_text
+        self._size = 0
+        self._kept: OrderedDict[str, list[_Haystack]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def near(self, latest: Sequence[str]) -> list[tuple[str, _Haystack]]:
+        """The haystacks kept under any of `latest`, with the text each is kept under."""
+        with self._lock:
+            found = []
+            for text in latest:
+                if (kept := self._kept.get(text)) is not None:
+                    self._kept.move_to_end(text)
+                    found += [(text, haystack) for haystack in kept]
+            return found
+
+    def keep(self, latest: str, haystack: _Haystack, *, replacing: tuple[str, _Haystack]) -> None:
+        """Keep `haystack` under its latest text, instead of the one it was made from (the
+        conversation moved on)."""
+        with self._lock:
+            self._drop(*replacing)
+            self._drop(latest, haystack)
+            if haystack.size < self._smallest:
+                return
+            kept = self._kept.setdefault(latest, [])
+            kept.insert(0, haystack)
+            self._kept.move_to_end(latest)
+            self._size += haystack.size
+            if len(kept) > self._per_text:
+                self._size -= kept.pop().size
+            while self._size > self._limit:
+                self._size -= sum(h.size for h in self._kept.popitem(last=False)[1])
+
+    def _drop(self, text: str, haystack: _Haystack) -> None:
+        kept = self._kept.get(text, [])
+        if haystack in kept:
+            kept.remove(haystack)
+            self._size -= haystack.size
+            if not kept:
+                del self._kept[text]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+            self._size = 0
+
+
+RECENT = _Recent(RECENT_MAX, RECENT_MIN)
+
+
+def _whole(text: str, needle: str) -> bool:
+    """Whether `needle` is in `text` as a whole word (or words): "12" is not in "12345"."""
+    at = text.find(needle)
+    while at >= 0:
+        before = text[at - 1 : at] if at else ""
+        after = text[at + len(needle) : at + len(needle) + 1]
+        if not (needle[:1].isalnum() and _wordy(before)) and not (
+            needle[-1:].isalnum() and _wordy(after)
+        ):
+            return True
+        at = text.find(needle, at + 1)
+    return False
 
 
 def _wordy(char: str) -> bool:
@@ -218,6 +368,14 @@ def _wordy(char: str) -> bool:
 
 def _normal(text: str) -> str:
     return " ".join(text.casefold().split())
+
+
+def _number(raw: str) -> int | Decimal | None:
+    """A number as written in text, by value: digits alone (most) read as an int, which
+    equals and hashes as the same Decimal, three times faster."""
+    if raw.isdecimal() and len(raw) < 4000:  # int() refuses longer strings
+        return int(raw)
+    return _decimal(raw.translate(_SEPARATORS))
 
 
 def _decimal(text: str) -> Decimal | None:
@@ -244,8 +402,10 @@ def _text(message: Message) -> str:
 
 
 def _human(message: Message) -> bool:
-    """A message a person wrote (signed by `human_message`)."""
-    return message.role == "user" and author(message)[0] is not None
+    """A message a person wrote (signed by `human_message`): `author` would say who, without
+    reading the time (this runs for every message of every index)."""
+    signed = (message.metadata or {}).get(AUTHOR)
+    return message.role == "user" and isinstance(signed, dict) and isinstance(signed.get("by"), str)
 
 
 def _said(message: Message) -> Said:

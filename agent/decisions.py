@@ -19,6 +19,7 @@ from agent.inputs import coerced, same_value
 from agent.observer import Watch
 from agent.outcomes import Decided, DecisionRefused, EditRefused, InvalidAnswer
 from agent.policy import ApproverFacts, Policy, PolicyService
+from agent.prompt_edits import is_prompt, prompt_edited
 from agent.questions import form_errors
 from agent.runtime import AgentRuntime
 from storage.approval_store import ApprovalStore
@@ -161,9 +162,12 @@ class Decisions:
             raise DecisionRefused("note_required", approval)
         r = approval.request
         tool = self.runtime.tools.get(r.tool)
-        if tool is None:
+        if is_prompt(r.tool):
+            new, errors = prompt_edited(approval.current.input, changed)
+        elif tool is None:
             raise InvalidAnswer({"input": "no such tool"})
-        new, errors = coerced(tool.action(), changed)
+        else:
+            new, errors = coerced(tool.action(), changed)
         if errors or not isinstance(new, dict):
             raise InvalidAnswer(errors or {"input": "an object is needed"})
         if same_value(new, approval.current.input):  # nothing changed: a vote for what it is

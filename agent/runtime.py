@@ -13,6 +13,7 @@ from genkit.exp import Agent, Genkit, SessionStore
 from genkit.middleware import BaseMiddleware
 
 from agent.models import Credentials, Resilience, plugins
+from agent.prompt_edits import is_prompt, prompt_form
 from agent.questions import (
     ASK_HUMAN,
     ASK_HUMAN_PROMPT,
@@ -84,8 +85,11 @@ class AgentRuntime:
         """The JSON schema an answer to `tool`'s question must fit; None: free text."""
         return answer_form(self.tools.get(tool))
 
-    def edit_form(self, tool: str) -> dict[str, Any] | None:
-        """The JSON schema of `tool`'s input, for an approver's changes; None: no schema."""
+    def edit_form(self, tool: str, given: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The JSON schema of `tool`'s input, for an approver's changes; None: no schema. A
+        permission prompt's (`prompt.<tool>`) is made from its input, `given`."""
+        if is_prompt(tool):
+            return prompt_form(given)
         found = self.tools.get(tool)
         schema = found.input_schema if found is not None else None
         return schema if isinstance(schema, dict) and schema.get("properties") else None

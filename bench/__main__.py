@@ -1,6 +1,7 @@
 """`python -m bench`: every benchmark, one combined summary, bench/results.json.
 
-    python -m bench [--only store|bot|policy|provenance|recovery] [--quick] [--database-url URL]
+    python -m bench [--only store|bot|policy|provenance|recovery|gateway] [--quick]
+                    [--database-url URL]
 
 - store: bench/session_store.py (bytes and time per save as a conversation grows);
 - bot: bench/bot.py (latency, throughput, acks under a burst, contention; against a bare
@@ -9,7 +10,9 @@
 - provenance: bench/provenance.py (tracing 300 argument values through 1 MB of human text,
   and a Slack acknowledgement meanwhile);
 - recovery: bench/recovery.py (seconds from a replacement process being up to the turn a
-  killed or stopped bot left being completed).
+  killed or stopped bot left being completed);
+- gateway: bench/gateway.py (an allowed MCP call's overhead over calling the tool directly,
+  and 200 calls waiting for approval held by one process: memory, descriptors, CPU).
 
 Each prints its own table and writes its own JSON (bench/results-*.json) as well. Without
 --database-url each creates a temporary PostgreSQL database on 127.0.0.1:5432 and drops it.
@@ -67,6 +70,13 @@ def summary(results: dict[str, Any]) -> str:
             lines.append(
                 f"  target {name:<45}{verdict:>12}  ({_fmt(prov[key])} ms vs {prov[limit]})"
             )
+        for name, key in (
+            ("trace CPU, ms", "trace_cpu_ms"),
+            ("cold trace (first in a process), ms", "cold_trace_ms"),
+            ("cold trace CPU, ms", "cold_trace_cpu_ms"),
+        ):
+            if key in prov:
+                lines.append(f"  {name:<52}{_fmt(prov[key]):>12}")
     bot = results.get("bot")
     if isinstance(bot, dict):
         lines.append("bot")
@@ -84,6 +94,20 @@ def summary(results: dict[str, Any]) -> str:
             lines.append(
                 f"  after {sig:<46}{verdict:>12}  (max {_fmt(times['max'])} s vs {r['target_s']})"
             )
+    gateway = results.get("gateway")
+    if isinstance(gateway, dict):
+        call, held = gateway["allowed_call"], gateway["pending"]
+        verdict = "met" if call["met"] else "MISSED"
+        lines.append("gateway")
+        lines.append(
+            f"  target {'allowed_mcp_call_overhead_p50_lt_5ms':<45}{verdict:>12}  "
+            f"({_fmt(call['overhead_ms_p50'])} ms vs {call['target_ms']}; "
+            f"load {gateway['load_average_1m']})"
+        )
+        lines.append(
+            f"  {held['pending']} pending calls: RSS {held['before']['rss_mb']} -> "
+            f"{held['held']['rss_mb']} MB, fds {held['before']['fds']} -> {held['held']['fds']}"
+        )
     lines.append(f"elapsed: {results['elapsed_s']} s; written: {RESULTS}")
     return "\n".join(lines)
 
@@ -119,6 +143,11 @@ async def run(only: str | None, quick: bool, database_url: str | None) -> dict[s
 
         print("== recovery ==", file=sys.stderr, flush=True)
         results["recovery"] = await recovery.run(database_url, runs=1 if quick else 3)
+    if only in (None, "gateway"):
+        from bench import gateway
+
+        print("== gateway ==", file=sys.stderr, flush=True)
+        results["gateway"] = await gateway.run(database_url, calls=100 if quick else 300)
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
     RESULTS.write_text(json.dumps(results, indent=2, default=str) + "\n")
     print(summary(results))
@@ -127,7 +156,9 @@ async def run(only: str | None, quick: bool, database_url: str | None) -> dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("store", "bot", "policy", "provenance", "recovery"))
+    parser.add_argument(
+        "--only", choices=("store", "bot", "policy", "provenance", "recovery", "gateway")
+    )
     parser.add_argument("--quick", action="store_true", help="fewer rounds (bot benchmark)")
     parser.add_argument("--database-url", help="an existing PostgreSQL database to use")
     args = parser.parse_args()

@@ -7,7 +7,6 @@ the version."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from importlib import resources
 
@@ -46,6 +45,8 @@ def migrate() -> int:
             file=sys.stderr,
         )
         return 2
+    import asyncio
+
     from storage.db import make_engine
     from storage.migrate import upgrade
 
@@ -85,19 +86,29 @@ def manifest() -> int:
     return 0
 
 
+def demo() -> int:
+    """The offline demo, its PostgreSQL starting while Genkit and the rest are imported."""
+    import asyncio
+
+    from storage import embedded
+
+    try:
+        with embedded.starting() as server:
+            from bot.demo import run_demo
+
+            return asyncio.run(run_demo(server.result().url))
+    except EmbeddedError as exc:
+        print(f"The demo cannot start: {exc}", file=sys.stderr)
+        return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] in (["--version"], ["-V"]):
         print(f"greenlight {__version__}")
         return 0
     if args[:1] == ["demo"]:
-        from bot.demo import run_demo
-
-        try:
-            return asyncio.run(run_demo())
-        except EmbeddedError as exc:
-            print(f"The demo cannot start: {exc}", file=sys.stderr)
-            return 1
+        return demo()
     if args[:1] == ["audit"]:
         from bot.audit_export import main as audit_main
 
@@ -119,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     if args and args != ["serve"]:
         print(USAGE, file=sys.stderr)
         return 2
-    settings = settings_or_exit()
+    settings = settings_or_exit()  # first: a configuration error is told at once
+    import asyncio
+
     from bot.server import serve
 
     try:

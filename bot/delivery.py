@@ -399,7 +399,7 @@ class Delivery:
             return question_card(
                 approval, description=description, thread_link=thread_link, now=now, quotes=quotes
             )
-        editable = self._workflow.runtime.edit_form(r.tool) is not None
+        editable = self._workflow.runtime.edit_form(r.tool, approval.current.input) is not None
         return approval_card(
             approval,
             description=description,

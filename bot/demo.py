@@ -19,7 +19,6 @@ from agent.runtime import AgentConfig
 from agent.workflow import Workflow
 from bot.card import approval_card, question_card
 from bot.terminal import card_as_text
-from storage import embedded
 from storage.db import make_engine, make_session_factory
 from storage.domain import Thread
 from storage.migrate import upgrade
@@ -127,35 +126,35 @@ async def one_question(workflow: Workflow, ts: str, text: str, answer: str) -> N
     show("Greenlight (reply in the employee's thread)", resumed.outcome.text)
 
 
-async def run_demo() -> int:
-    with embedded.temporary() as server:
-        engine = make_engine(server.url)
-        try:
-            await upgrade(engine)
-            workflow = build_workflow(
-                make_session_factory(engine),
-                AgentConfig(model="demo"),
-                defaults=PolicyDefaults(channel=CHANNEL),
-                setup=scripted_model,
-            )
-            await one_request(
-                workflow,
-                "1.0001",
-                "Please transfer $500 to account 12345 for rent.",
-                approve=True,
-                changes={"amount": 300},
-            )
-            await one_request(
-                workflow,
-                "1.0002",
-                "Export the customers table to me@example.com.",
-                approve=False,
-                reason="customer data stays in the warehouse",
-            )
-            await one_question(
-                workflow, "1.0003", "Pay my landlord, please.", "Account 12345, $900 a month."
-            )
-        finally:
-            await engine.dispose()
+async def run_demo(url: str) -> int:
+    """The three stories against the database at `url` (a temporary embedded one)."""
+    engine = make_engine(url)
+    try:
+        await upgrade(engine)
+        workflow = build_workflow(
+            make_session_factory(engine),
+            AgentConfig(model="demo"),
+            defaults=PolicyDefaults(channel=CHANNEL),
+            setup=scripted_model,
+        )
+        await one_request(
+            workflow,
+            "1.0001",
+            "Please transfer $500 to account 12345 for rent.",
+            approve=True,
+            changes={"amount": 300},
+        )
+        await one_request(
+            workflow,
+            "1.0002",
+            "Export the customers table to me@example.com.",
+            approve=False,
+            reason="customer data stays in the warehouse",
+        )
+        await one_question(
+            workflow, "1.0003", "Pay my landlord, please.", "Account 12345, $900 a month."
+        )
+    finally:
+        await engine.dispose()
     print("\nThat's the whole loop. Run it for real: see the README's Slack app setup.")
     return 0

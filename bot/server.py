@@ -49,8 +49,11 @@ from bot.routes import HEALTH_TIMEOUT, Probes, slack_web_app
 from bot.settings import ConfigError, Settings
 from bot.startup import prepare_policy, read_policy_file
 from gateway.api import ApiDoor
+from gateway.callbacks import Deliveries, Reach
 from gateway.calls import PROMPT_PREFIX, Gateway
-from gateway.mcp import PATH as MCP_PATH, McpDoor
+from gateway.mcp_route import PATH as MCP_PATH, LazyMcpDoor
+from gateway.requests import Requests
+from gateway.sweep import GatewaySweep
 from storage import embedded
 from storage.approval_store import ApprovalStore
 from storage.db import make_engine, make_session_factory
@@ -66,6 +69,7 @@ log = logging.getLogger(__name__)
 # Socket Mode: seconds between pings to Slack; a connection silent for four of them is stale,
 # and reconnecting after a failure waits one (slack_sdk's SocketModeClient).
 SOCKET_PING_INTERVAL = 10.0
+COUNTER_POOL = 5  # connections for the message counters (their own engine, see Service)
 
 
 def _secret(value: SecretStr | None) -> str | None:
@@ -102,6 +106,15 @@ class Service:
         # Kept open, so a server at max_connections still answers it.
         self._health = make_engine(
             settings.DATABASE_URL, pool_size=1, max_overflow=0, pool_timeout=HEALTH_TIMEOUT
+        )
+        # Message counters commit without waiting for the disk (synchronous_commit off):
+        # a count is not worth an fsync, and a crash loses at most the last few. Every
+        # message and every gateway call makes one.
+        self._counters = make_engine(
+            settings.DATABASE_URL,
+            pool_size=COUNTER_POOL,
+            max_overflow=0,
+            connect_args={"server_settings": {"synchronous_commit": "off"}},
         )
         self.metrics = Metrics()
         self._runner: web.AppRunner | None = None
@@ -186,7 +199,7 @@ class Service:
             background=background,
             clicks=ClickLimit(clock=self._clock),
             limits=MessageLimits(
-                make_session_factory(self._engine),
+                make_session_factory(self._counters),
                 clock=self._clock,
                 per_user=s.USER_MESSAGES_PER_MINUTE,
                 per_team=s.TEAM_MESSAGES_PER_MINUTE,
@@ -199,7 +212,7 @@ class Service:
     async def _gateway(self, web_app: web.Application, deps: Deps, client: AsyncWebClient) -> None:
         """The gateway (gateway/): a second transport on the same workflow; its cards go out
         through this delivery and its outbox, like any other."""
-        workflow, delivery = deps.workflow, deps.delivery
+        s, workflow, delivery = self.settings, deps.workflow, deps.delivery
         sessions = make_session_factory(self._engine)
         self.gateway = Gateway(
             workflow,
@@ -212,12 +225,17 @@ class Service:
             observer=self.metrics,
             tool_timeouts=workflow.tool_timeouts,
             limits=deps.limits,
+            lease=timedelta(seconds=s.RESUME_LEASE_SECONDS),
         )
-        door = McpDoor(self.gateway, deps.keys)
+        door = LazyMcpDoor(self.gateway, deps.keys)
         await self._gateway_running.enter_async_context(door.running())
         for method in ("GET", "POST", "DELETE"):
             web_app.router.add_route(method, MCP_PATH, door.handle)
-        ApiDoor(self.gateway, deps.keys).routes(web_app)
+        requests, reach = Requests(self.gateway), Reach.of(s.CALLBACK_ALLOWED_NETWORKS)
+        ApiDoor(requests, deps.keys, reach).routes(web_app)
+        deliveries = Deliveries(self.gateway.store, reach, requests.body, clock=self._clock)
+        sweep = GatewaySweep(self.gateway, deliveries, clock=self._clock)
+        await self._gateway_running.enter_async_context(sweep.running())
 
     async def _listen(self, web_app: web.Application, app: AsyncApp, probes: Probes) -> None:
         """Serve HTTP on PORT; with SLACK_APP_TOKEN, connect to Slack in Socket Mode too
@@ -328,6 +346,7 @@ class Service:
             await self.app.client.session.close()  # after the turns: they post to Slack
         await self._engine.dispose()
         await self._health.dispose()
+        await self._counters.dispose()
 
 
 def freeze_heap() -> None:

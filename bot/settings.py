@@ -6,6 +6,7 @@ spelled exactly as the README's table says.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -13,8 +14,6 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
 from agent.mcp_config import McpServers, parse_servers
 from agent.models import missing_plugins, provider, unknown_model
@@ -98,9 +97,16 @@ class Settings(BaseSettings):
     # {"title": ..., "message": ...}; at most 4, Slack's limit; [] for none).
     STREAM_INTERVAL_SECONDS: float = Field(default=1.0, ge=0, le=10)
     ASSISTANT_PROMPTS: list[Prompt] = Field(default_factory=lambda: list(DEFAULT_PROMPTS))
+    # The approvals API's callback_urls go to public addresses only, and to these networks
+    # (CIDRs, comma-separated: "10.20.0.0/16,127.0.0.1/32"), docs/gateway.md.
+    CALLBACK_ALLOWED_NETWORKS: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     _split_tools = field_validator(
-        "AGENT_TOOLS", "ADMIN_USERS", "AGENT_FALLBACK_MODELS", mode="before"
+        "AGENT_TOOLS",
+        "ADMIN_USERS",
+        "AGENT_FALLBACK_MODELS",
+        "CALLBACK_ALLOWED_NETWORKS",
+        mode="before",
     )(_split_csv)
     _mcp_json = field_validator("MCP_SERVERS", mode="before")(parse_servers)
 
@@ -130,6 +136,9 @@ class Settings(BaseSettings):
     def _postgresql(cls, value: str | None) -> str | None:
         if value is None:
             return value
+        from sqlalchemy.engine import make_url  # only when set: a config error stays quick
+        from sqlalchemy.exc import ArgumentError
+
         try:
             url = make_url(value)
         except ArgumentError:
@@ -164,6 +173,16 @@ class Settings(BaseSettings):
     def _directory(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_dir():
             raise ValueError(f"{value} is not a directory")
+        return value
+
+    @field_validator("CALLBACK_ALLOWED_NETWORKS")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ValueError(f"must be networks such as 10.0.0.0/8, got {network}") from None
         return value
 
     @field_validator("ADMIN_USERS")

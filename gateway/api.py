@@ -15,13 +15,31 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.keys import ApiKey, ApiKeys
-from gateway.calls import Caller, Gateway, OverLimit, status_of
-from gateway.mcp import bearer, unauthorized
+from gateway.callbacks import BadCallback, Reach
+from gateway.calls import Caller, OverLimit
+from gateway.requests import Requests, shown, status_of
 from storage.domain import Approval, Finished, Started
 
 BASE = "/api/v1"
 MAX_WAIT = 60  # seconds a GET may wait for the decision
 ID = r"{id:[0-9a-f-]{8,64}}"
+# http(s), a host (no credentials, no IPv6 literal) and a port that is one; where it may go
+# is the operator's to allow (gateway/callbacks.py), checked after this.
+CALLBACK_URL = r"^https?://[^/?#@:\s\[\]\\]+(:([1-9][0-9]{0,3}|[1-5][0-9]{4}))?([/?#]\S*)?$"
+
+
+def bearer(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def unauthorized() -> web.Response:
+    return web.json_response(
+        {"error": "a valid API key is needed: Authorization: Bearer glk_…"},
+        status=401,
+        headers={"WWW-Authenticate": 'Bearer realm="greenlight"'},
+    )
 
 
 class _Strict(BaseModel):
@@ -33,6 +51,9 @@ class NewRequest(_Strict):
     input: dict[str, Any]
     context: str | None = Field(default=None, max_length=10_000)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    callback_url: str | None = Field(
+        default=None, max_length=2048, pattern=CALLBACK_URL, json_schema_extra={"format": "uri"}
+    )
 
 
 class Finish(_Strict):
@@ -44,25 +65,17 @@ def problem(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
 
 
-def shown(approval: Approval) -> dict[str, Any]:
-    """A request as the API answers it."""
-    decision = approval.decision
-    by = getattr(decision, "by", None)
-    reason = getattr(decision, "reason", None)
-    body: dict[str, Any] = {
-        "id": approval.id,
-        "status": status_of(approval),
-        "decided_by": by,
-        "reason": reason,
-        "input": approval.edit.input if approval.edit else approval.request.input,
-    }
-    return body
+def invalid(exc: ValidationError) -> web.Response:
+    fields = {".".join(map(str, e["loc"])) or "body": e["msg"] for e in exc.errors()}
+    return problem(400, "invalid request", fields=fields)
 
 
 class ApiDoor:
-    def __init__(self, gateway: Gateway, keys: ApiKeys) -> None:
-        self._gateway = gateway
+    def __init__(self, requests: Requests, keys: ApiKeys, reach: Reach) -> None:
+        self._requests = requests
         self._keys = keys
+        self._reach = reach
+        self._observer = requests.observer
 
     def routes(self, app: web.Application) -> None:
         app.router.add_get(f"{BASE}/openapi.json", self._openapi)
@@ -78,7 +91,7 @@ class ApiDoor:
     async def _key(self, request: web.Request) -> ApiKey | None:
         key = await self._keys.authenticate(bearer(request))
         if key is None:
-            self._gateway.observer.gateway_call("api", "unauthorized")
+            self._observer.gateway_call("api", "unauthorized")
         return key
 
     async def _body(self, request: web.Request) -> Any:
@@ -92,28 +105,32 @@ class ApiDoor:
             return unauthorized()
         try:
             asked = NewRequest.model_validate(await self._body(request))
+            if asked.callback_url is not None:
+                self._reach.check(asked.callback_url)
         except ValidationError as exc:
-            fields = {".".join(map(str, e["loc"])) or "body": e["msg"] for e in exc.errors()}
-            return problem(400, "invalid request", fields=fields)
+            return invalid(exc)
+        except BadCallback as exc:
+            return problem(400, "invalid request", fields={"callback_url": str(exc)})
         try:
-            approval, new = await self._gateway.request(
+            approval, new = await self._requests.request(
                 Caller(key, "api"),
                 asked.tool,
                 asked.input,
                 words=asked.context,
                 idempotency_key=asked.idempotency_key,
+                callback_url=asked.callback_url,
             )
         except OverLimit:
-            self._gateway.observer.gateway_call("api", "over_limit")
+            self._observer.gateway_call("api", "over_limit")
             return problem(429, "too many requests this minute for this key's owner")
         status = status_of(approval)
-        self._gateway.observer.gateway_call("api", status if new else "repeated")
+        self._observer.gateway_call("api", status if new else "repeated")
         return web.json_response({"id": approval.id, "status": status}, status=201 if new else 200)
 
     async def _found(self, request: web.Request, *, own: bool) -> Approval | web.Response:
         if (key := await self._key(request)) is None:
             return unauthorized()
-        approval = await self._gateway.read(key, request.match_info["id"])
+        approval = await self._requests.read(key, request.match_info["id"])
         if approval is None:
             return problem(404, "no such approval request")
         if own and approval.request.requester != key.user_id:
@@ -129,7 +146,7 @@ class ApiDoor:
             return problem(400, "wait is a number of seconds, at most 60")
         if not 0 <= wait <= MAX_WAIT:
             return problem(400, "wait is a number of seconds, at most 60")
-        approval = await self._gateway.wait(key, request.match_info["id"], wait)
+        approval = await self._requests.wait(key, request.match_info["id"], wait)
         if approval is None:
             return problem(404, "no such approval request")
         return web.json_response(shown(approval))
@@ -138,7 +155,7 @@ class ApiDoor:
         found = await self._found(request, own=True)
         if isinstance(found, web.Response):
             return found
-        if status_of(found) != "approved" or not await self._gateway.start(found):
+        if status_of(found) != "approved" or not await self._requests.start(found):
             return problem(409, "not approved, or started already: do not act")
         return web.json_response(
             {"id": found.id, "status": "started", "input": shown(found)["input"]}
@@ -151,11 +168,10 @@ class ApiDoor:
         try:
             done = Finish.model_validate(await self._body(request))
         except ValidationError as exc:
-            fields = {".".join(map(str, e["loc"])) or "body": e["msg"] for e in exc.errors()}
-            return problem(400, "invalid request", fields=fields)
+            return invalid(exc)
         if not isinstance(found.execution, Started) or isinstance(found.execution, Finished):
             return problem(409, "not started (or finished already)")
-        if not await self._gateway.finish(found, ok=done.ok, output=done.output):
+        if not await self._requests.finish(found, ok=done.ok, output=done.output):
             return problem(409, "not started (or finished already)")
         return web.json_response({"id": found.id, "status": "finished"})
 
@@ -163,9 +179,9 @@ class ApiDoor:
         found = await self._found(request, own=True)
         if isinstance(found, web.Response):
             return found
-        if not await self._gateway.cancel(found):
+        if not await self._requests.cancel(found):
             return problem(409, "no longer pending")
-        self._gateway.observer.gateway_call("api", "cancelled")
+        self._observer.gateway_call("api", "cancelled")
         return web.json_response({"id": found.id, "status": "cancelled"})
 
 
@@ -183,6 +199,13 @@ _STATUS = {
 }
 
 
+_MADE = {
+    "type": "object",
+    "properties": {"id": {"type": "string"}, "status": {"type": "string"}},
+    "required": ["id", "status"],
+}
+
+
 def _answers(ok: tuple[int, str, dict[str, Any]], *codes: int) -> dict[str, Any]:
     code, description, schema = ok
     json_of = {"application/json": {"schema": schema}}
@@ -195,7 +218,12 @@ def _answers(ok: tuple[int, str, dict[str, Any]], *codes: int) -> dict[str, Any]
     return out
 
 
-_ID_PARAM = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+_ID_PARAM = {
+    "name": "id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[0-9a-f-]{8,64}$"},
+}
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {"title": "Greenlight approvals API", "version": "1"},
@@ -209,20 +237,13 @@ OPENAPI: dict[str, Any] = {
                     "required": True,
                     "content": {"application/json": {"schema": NewRequest.model_json_schema()}},
                 },
-                "responses": _answers(
-                    (
-                        201,
-                        "created",
-                        {
-                            "type": "object",
-                            "properties": {"id": {"type": "string"}, "status": {"type": "string"}},
-                        },
-                    ),
-                    200,
-                    400,
-                    401,
-                    429,
-                ),
+                "responses": _answers((201, "created", _MADE), 400, 401, 429)
+                | {
+                    "200": {
+                        "description": "the same idempotency_key again: that request",
+                        "content": {"application/json": {"schema": _MADE}},
+                    }
+                },
             }
         },
         f"{BASE}/approvals/{{id}}": {

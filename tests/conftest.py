@@ -7,7 +7,9 @@ worker is a run of its own (its own process, so its own name below): created, mi
 dropped by the worker; the controller, which runs no tests, makes none.
 
 Tests stay independent without rollbacks by working under their own Slack team id (the
-`team` fixture): every table is keyed by team, so no test sees another's rows.
+`team` fixture): every table is keyed by team, so no test sees another's rows. The bot tests
+have a database of their own, emptied before each (tests/bot/conftest.py): a running Service
+sweeps every workspace, so for it a team of its own is not enough.
 """
 
 from __future__ import annotations

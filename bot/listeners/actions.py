@@ -268,7 +268,7 @@ async def on_edit_approve(
     if (opened := await opening(deps, client, body)) is None:
         return
     approval = opened.approval
-    form = deps.workflow.runtime.edit_form(approval.request.tool)
+    form = deps.workflow.runtime.edit_form(approval.request.tool, approval.current.input)
     if form is None:
         await tell(deps, client, opened.asked, messages.not_editable(approval), home=opened.home)
         return

@@ -166,7 +166,11 @@ async def on_edit_submitted(
     approval = (
         await deps.workflow.reads.approval(opened.team, opened.approval_id) if opened else None
     )
-    form = deps.workflow.runtime.edit_form(approval.request.tool) if approval else None
+    form = (
+        deps.workflow.runtime.edit_form(approval.request.tool, approval.current.input)
+        if approval
+        else None
+    )
     if opened is None or approval is None or form is None:
         await ack()
         return

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+from unittest.mock import patch
 
 from genkit import Message, Part, ToolRequest, ToolResponse
+from hypothesis import example, given, settings, strategies as st
 
+from agent import context
 from agent.context import (
     SAID_MAX,
     as_provenance,
@@ -145,3 +152,171 @@ def test_a_files_content_is_not_a_persons_words() -> None:
     lines = conversation_lines(conversation)
     assert [line.kind for line in lines] == ["human", "tool"]
     assert lines[1].text.startswith("(not from a person)")
+
+
+# The index against the search it replaced: the whole text normalised and joined, its words
+# and numbers read in one pass, values found as whole words (main before the index, issue 21
+# section 7). Conversations grow and lose their oldest text to the cap turn by turn, as a
+# thread does, so each index is derived from the previous one kept by the process.
+_TOKENS = ["pay", "ACME", "acme corp", "Corp.", "12", "12345", "1,500.00", "1500", "0.50"]
+_TOKENS += ["INV-7", "inv-7x", "_x", "a_x", "x_", "-", "é", "ÉTÉ", "١٢", "(", "ok"]
+_words = st.lists(st.sampled_from(_TOKENS), max_size=6)
+_text = st.builds(
+    lambda words, spaces: "".join(w + s for w, s in zip(words, spaces, strict=False)),
+    _words,
+    st.lists(st.sampled_from([" ", "  ", "\n", "", ","]), min_size=6, max_size=6),
+)
+_message = st.one_of(
+    st.builds(lambda t: human_message(t, by="U1", at=AT), _text),
+    st.builds(lambda t: result("lookup", {"note": t, "n": 1500}), _text),
+    st.builds(lambda t: result("other", [t, 12]), _text),
+    st.builds(lambda t: Message(role="user", content=[Part(text="<read_file " + t)]), _text),
+)
+_value = st.one_of(
+    st.sampled_from(_TOKENS),
+    _text.filter(str.strip),
+    st.sampled_from([12, 1500, 1500.0, 0.5, -12, 7]),
+)
+
+
+def _reference(args: Mapping[str, object], conversation: list[Message]) -> dict[str, Source]:
+    def haystack(texts: list[str]) -> tuple[str, set[str], set[Decimal]]:
+        kept, size = [], 0
+        for t in reversed(texts):
+            if size >= context.TRACE_TEXT_MAX:
+                break
+            kept.append(t[-(context.TRACE_TEXT_MAX - size) :])
+            size += len(kept[-1])
+        kept.reverse()
+        normal = [" ".join(t.casefold().split()) for t in kept]
+        words = {w for t in normal for w in re.findall(r"\w+", t)}
+        raw = {n for t in kept for n in context._NUMBER.findall(t)}
+        numbers = {abs(Decimal(r.translate(context._SEPARATORS))) for r in raw}
+        return " \n ".join(normal), words, numbers
+
+    def has(found: tuple[str, set[str], set[Decimal]], value: str | int | float) -> bool:
+        text, words, numbers = found
+        if not isinstance(value, str):
+            return abs(Decimal(str(value))) in numbers
+        needle = " ".join(value.casefold().split())
+        number = context._NUMBER.fullmatch(needle)
+        if number and abs(Decimal(needle.translate(context._SEPARATORS))) in numbers:
+            return True
+        if not all(w in words for w in re.findall(r"\w+", needle)):
+            return False
+        for m in re.finditer(re.escape(needle), text):
+            before, after = text[m.start() - 1 : m.start()], text[m.end() : m.end() + 1]
+            wordy = re.compile(r"\w")
+            if not (needle[0].isalnum() and wordy.match(before)) and not (
+                needle[-1].isalnum() and wordy.match(after)
+            ):
+                return True
+        return False
+
+    humans = [
+        "".join(p.text or "" for p in m.content)
+        for m in conversation
+        if m.role == "user" and m.metadata
+    ]
+    results = [
+        (p.tool_response.name, haystack(context._strings(p.tool_response.output)))
+        for m in conversation
+        if m.role == "tool"
+        for p in m.content
+        if p.tool_response is not None
+    ] + [
+        ("read_file", haystack(["".join(p.text or "" for p in m.content)]))
+        for m in conversation
+        if m.role == "user" and not m.metadata
+    ]
+    human, sources = haystack(humans), {}
+    for path, value in context.leaves(args):
+        if has(human, value):
+            sources[path] = Source("human")
+            continue
+        tool = next((name for name, h in reversed(results) if has(h, value)), None)
+        sources[path] = Source("tool", tool) if tool else Source("model")
+    return sources
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    turns=st.lists(st.lists(_message, min_size=1, max_size=4), min_size=1, max_size=5),
+    values=st.lists(_value, min_size=1, max_size=8),
+    cap=st.sampled_from([30, 80, 2 * 1024 * 1024]),
+)
+@example(  # "_x y" is in "a_x y": an edge "_" is not checked for the word going on
+    turns=[[human_message("a_x y", by="U1", at=AT), human_message("_x", by="U1", at=AT)]],
+    values=["_x y"],
+    cap=2 * 1024 * 1024,
+)
+def test_the_index_finds_what_searching_the_whole_text_finds(
+    turns: list[list[Message]], values: list[str | int | float], cap: int
+) -> None:
+    context.RECENT.clear()
+    args = {f"v{i}": v for i, v in enumerate(values)}
+    conversation: list[Message] = []
+    with patch.object(context, "TRACE_TEXT_MAX", cap):
+        for added in turns:
+            conversation += added
+            assert trace(args, conversation) == _reference(args, conversation)
+
+
+def test_a_turn_reads_only_the_messages_that_are_new_to_the_process() -> None:
+    context.RECENT.clear()
+    thread = [human_message(f"message {i} of a long thread", by="U1", at=AT) for i in range(30)]
+    thread[0] = human_message("a long first message " * 1000, by="U1", at=AT)  # kept: big
+    read: list[str] = []
+    analyse = context._Piece.of
+
+    def reading(text: str) -> context._Piece:
+        read.append(text)
+        return analyse(text)
+
+    with patch.object(context._Piece, "of", staticmethod(reading)):
+        assert trace({"n": "message 3"}, thread) == {"n": Source("human")}
+        assert len(read) == 30 and context.RECENT_MIN < len(thread[0].text) < 30_000
+        read.clear()
+        thread.append(human_message("yes, pay 1,500", by="U1", at=AT))
+        assert trace({"n": "message 3", "amount": 1500}, thread) == {
+            "n": Source("human"),
+            "amount": Source("human"),
+        }
+        assert read == ["yes, pay 1,500"]
+        with patch.object(context, "TRACE_TEXT_MAX", 20_000):  # the first one is cut to fit
+            assert trace({"n": "message 3"}, thread) == {"n": Source("human")}
+            read.clear()
+            thread.append(human_message("and 2,000 more", by="U1", at=AT))
+            assert trace({"n": "message 28"}, thread) == {"n": Source("human")}
+        new, cut = sorted(read, key=len)
+        assert new == "and 2,000 more" and thread[0].text.endswith(cut) and len(cut) < 20_000
+
+
+def test_a_process_keeps_no_small_index() -> None:
+    """Read again in a few milliseconds: kept, it would only grow memory with the threads."""
+    kept = context._Recent(limit=1000, smallest=10)
+    small, big = context._EMPTY.changed({"yes"}), context._EMPTY.changed({"a" * 10})
+    kept.keep("yes", small, replacing=("", context._EMPTY))
+    kept.keep("a" * 10, big, replacing=("", context._EMPTY))
+    assert kept.near(["yes", "a" * 10]) == [("a" * 10, big)]
+
+
+def test_the_indexes_a_process_keeps_are_bounded() -> None:
+    """Kept by their latest text, a few under each, up to a number of characters."""
+    kept = context._Recent(limit=25, per_text=2)
+    nothing = ("", context._EMPTY)
+
+    def build(latest: str, texts: set[str], base: tuple[str, Any] = nothing) -> Any:
+        haystack = base[1].changed(texts)
+        kept.keep(latest, haystack, replacing=base)
+        return haystack
+
+    build("a" * 10, {"a" * 10})
+    b, c = build("b" * 10, {"b" * 10}), build("c" * 10, {"c" * 10})
+    assert kept.near(["a" * 10]) == []  # out: over 25 characters, the least recently used
+    assert kept.near(["b" * 10, "c" * 10]) == [("b" * 10, b), ("c" * 10, c)]
+    d = build("d", {"c" * 10, "d"}, base=("c" * 10, c))  # c's thread's next turn
+    assert kept.near(["c" * 10]) == [] and kept.near(["d"]) == [("d", d)]  # superseded
+    # Threads whose latest message is the same: two kept under it.
+    _, y2, y3 = (build("yes", {t, "yes"}) for t in "xzw")
+    assert kept.near(["yes"]) == [("yes", y3), ("yes", y2)]

@@ -2,11 +2,13 @@
 127.0.0.1, talking to a fake Slack Web API, a fake Gemini (through the real Genkit plugin) and
 PostgreSQL. Requests reach it signed exactly as Slack signs them.
 
-Every test works under its own `team`, so tests share the database without seeing each other's
-rows. The bot suite has a database of its own all the same: the Service's recovery sweep runs at
-start-up over *every* workspace (as it must in production), and would otherwise resume turns
-that other suites leave decided-but-idle on purpose, spending this test's scripted model
-replies and posting into this test's fake Slack.
+Each worker has a bot database of its own, and each bot test starts it empty (`bot_database`):
+the Service's recovery sweep and follow-ups run at start-up over *every* workspace (as they
+must in production), so rows an earlier test left (a turn decided, failed or let go, an
+approval overdue) would be resumed, expired or reminded of by this test's Service, spending its
+scripted model replies and posting into its fake Slack. Emptying it takes ~25 ms; a copy of a
+migrated template (CREATE DATABASE ... TEMPLATE) took 70 ms to 1 s, and a drop waits on a
+checkpoint. Tests still work under their own `team`.
 """
 
 from __future__ import annotations
@@ -29,15 +31,20 @@ from bot.server import Service
 from bot.settings import Settings
 from storage.db import SessionFactory, make_engine, make_session_factory
 from storage.migrate import upgrade
+from storage.models import Base
 from tests.conftest import pg_test_url
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini
-from tests.fakes.slack_api import Call, FakeSlack
+from tests.fakes.slack_api import DEADLINE, Call, FakeSlack
 
 SECRET = "test-signing-secret"
 APPROVERS = "C0APPROVE"
 ADMIN = "UADMIN"
 DM = "D0DIRECT"
+# Slack's deadline for an acknowledgement. Tests that check the bot answers before slow work
+# (a model, a Slack lookup) make that work take longer; a tighter bound only measures the
+# machine's load.
+ACK_DEADLINE = 3.0
 
 _ts = itertools.count(1)
 
@@ -47,52 +54,99 @@ def new_ts() -> str:
     return f"1600000000.{next(_ts):06d}"
 
 
-def bot_database_url() -> str:
-    """The bot suite's database: the run's test database name plus `_bot`."""
-    run = make_url(pg_test_url())
-    return run.set(database=f"{run.database}_bot").render_as_string(hide_password=False)
+# Every table but alembic_version, children first (`_migrated` checks that none is missing).
+TABLES = tuple(t.name for t in reversed(Base.metadata.sorted_tables))
+DELETES = "".join(f"DELETE FROM {table};" for table in TABLES)  # noqa: S608 (our own names)
+
+
+def _dsn(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 async def _admin(sql: str) -> None:
-    dsn = make_url(pg_test_url()).set(drivername="postgresql")
-    conn = await asyncpg.connect(dsn.render_as_string(hide_password=False), timeout=5)
+    conn = await asyncpg.connect(_dsn(pg_test_url()), timeout=5)
     try:
         await conn.execute(sql)
     finally:
         await conn.close()
 
 
+async def _empty(url: str) -> None:
+    """Every row gone, and every connection an earlier test left (a writer it did not stop)."""
+    conn = await asyncpg.connect(_dsn(url), timeout=5)
+    try:
+        await conn.execute(
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        async with conn.transaction():
+            await conn.execute(
+                "SET LOCAL synchronous_commit = off;"  # nothing here need survive a crash
+                "SET LOCAL lock_timeout = '5s';"
+                # audit_events refuses deletes but of rows older than this (migration 0012).
+                "SET LOCAL greenlight.audit_purge_before = 'infinity';" + DELETES
+            )
+        tables = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+    finally:
+        await conn.close()
+    missing = {r["tablename"] for r in tables} - {"alembic_version", *TABLES}
+    assert not missing, f"tables the reset does not empty: {missing}"
+
+
 @pytest.fixture(scope="session")
-async def bot_database() -> AsyncIterator[str]:
-    """Created and migrated once for the bot suite, dropped at its end."""
-    url = bot_database_url()
-    name = make_url(url).database
-    await _admin(f'CREATE DATABASE "{name}"')
+async def _migrated() -> AsyncIterator[str]:
+    """The worker's bot database (the run's test database name plus `_bot`), migrated once."""
+    run = make_url(pg_test_url())
+    url = run.set(database=f"{run.database}_bot").render_as_string(hide_password=False)
+    await _admin(f'CREATE DATABASE "{run.database}_bot"')
     try:
         engine = make_engine(url)
         await upgrade(engine)
         await engine.dispose()
         yield url
     finally:
-        await _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await _admin(f'DROP DATABASE IF EXISTS "{run.database}_bot" WITH (FORCE)')
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
+async def bot_database(_migrated: str) -> str:
+    """The worker's bot database, emptied for this test: only this test's own turns are there
+    for its Service's sweep to find."""
+    await _empty(_migrated)
+    return _migrated
+
+
+@pytest.fixture(autouse=True)
+async def _no_task_outlives_its_test() -> AsyncIterator[None]:
+    """Tasks a bot test leaves running are cancelled when it ends.
+
+    Every test runs on the suite's one event loop, and a few leave a task behind (a fake
+    server's handler cut off by a killed bot, a gateway call's wait): it would otherwise go
+    on during the next test, after that test's database was emptied."""
+    before = asyncio.all_tasks()
+    yield
+    left = asyncio.all_tasks() - before - {asyncio.current_task()}
+    for task in left:
+        task.cancel()
+    await asyncio.gather(*left, return_exceptions=True)
+
+
+@pytest.fixture
 async def bot_sessions(bot_database: str) -> AsyncIterator[SessionFactory]:
-    """The bot database, for tests that check what a request wrote (or did not)."""
+    """This test's database, for tests that check what a request wrote (or did not)."""
     engine = make_engine(bot_database)
     yield make_session_factory(engine)
     await engine.dispose()
 
 
 def bot_settings(slack: FakeSlack, gemini: FakeGemini, **overrides: Any) -> Settings:
+    """A Service's settings for these fakes; DATABASE_URL is the caller's (`bot_database`)."""
     values: dict[str, Any] = dict(
         SLACK_BOT_TOKEN="xoxb-test",
         SLACK_SIGNING_SECRET=SECRET,
         SLACK_API_URL=slack.base_url,
         GEMINI_API_KEY="k",
         GEMINI_API_URL=gemini.base_url,
-        DATABASE_URL=bot_database_url(),
         MIGRATE_ON_START=False,
         AGENT_TOOLS=["tests.ledger_tools"],
         APPROVER_CHANNEL=APPROVERS,
@@ -143,7 +197,7 @@ async def service(
         await svc.stop()
 
 
-async def settle(service: Service, timeout: float = 15.0) -> None:  # noqa: ASYNC109
+async def settle(service: Service, timeout: float = DEADLINE) -> None:  # noqa: ASYNC109
     """Wait until every Bolt listener and every background turn of `service` has finished.
 
     Bolt answers Slack at `ack()` and runs the rest of a listener in a task of its own; those
@@ -165,6 +219,14 @@ async def settle(service: Service, timeout: float = 15.0) -> None:  # noqa: ASYN
                 continue
             await service.deps.background.drain(timeout)
             return
+
+
+def policy_file(slack: FakeSlack, team: str, path: Path, policy: str) -> dict[str, Any]:
+    """Settings for a POLICY_FILE of `policy` written at `path`. The file's policy is for the
+    workspace auth.test names, so the fake Slack names this test's `team` there."""
+    path.write_text(policy)
+    slack.team_id = team
+    return {"POLICY_FILE": path}
 
 
 @dataclass
@@ -214,6 +276,14 @@ class SlackClient:
         payload = sp.message_im_event(team, user, channel, text, ts or new_ts(), event_id=event_id)
         return await self.send(payload, headers=headers)
 
+    async def dm_until_card(
+        self, team: str, user: str, text: str, *, ts: str | None = None
+    ) -> Call:
+        """DM the bot (the model's answers already scripted) and wait for the approval card."""
+        assert (await self.dm(team, user, text, ts=ts))[0] == 200
+        (card,) = await self.slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
+        return card
+
     async def click(
         self, team: str, user: str, action: str, card: Call, *, channel: str = APPROVERS
     ) -> tuple[int, str]:
@@ -261,7 +331,7 @@ class SlackClient:
         status, body = await self.send(payload)
         if status != 200 or body:
             return status, body
-        [answer] = await self.slack.wait_for(f"response_url:{name}", timeout=15)
+        [answer] = await self.slack.wait_for(f"response_url:{name}")
         return status, str(answer.args["text"])
 
     async def get(self, path: str) -> tuple[int, Any]:

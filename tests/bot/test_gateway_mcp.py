@@ -47,7 +47,7 @@ async def mcp_client(service: Service, token: str) -> AsyncIterator[Client]:
 
 
 async def card_for(slack: FakeSlack) -> Call:
-    [card] = await slack.wait_for("chat.postMessage", timeout=15, predicate=in_channel(APPROVERS))
+    [card] = await slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
     return card
 
 
@@ -84,7 +84,7 @@ async def test_a_call_waits_for_approval_and_runs_once(
         assert not call.done() and ledger_tools.entries() == []
         # Four eyes: the key's owner is the requester and cannot approve.
         await client.click(team, OWNER, "approve", card)
-        await fake_slack.wait_for("chat.postEphemeral", timeout=10)
+        await fake_slack.wait_for("chat.postEphemeral")
         assert not call.done()
         await client.click(team, BOSS, "approve", card)
         result = await asyncio.wait_for(call, 30)
@@ -114,7 +114,7 @@ async def test_a_denied_call_runs_nothing_and_says_why(
         call = asyncio.create_task(mcp.call_tool("transferMoney", {"amount": 5, "toAccount": "X"}))
         card = await card_for(fake_slack)
         await client.click(team, BOSS, "deny", card)
-        (opened,) = await fake_slack.wait_for("views.open", timeout=10)
+        (opened,) = await fake_slack.wait_for("views.open")
         reason = {"reason": {"reason": {"type": "plain_text_input", "value": "not today"}}}
         await client.submit(team, BOSS, opened.args["view"], reason)
         result = await asyncio.wait_for(call, 30)
@@ -186,13 +186,43 @@ async def test_approval_prompt_denies_with_the_reason(
         call = asyncio.create_task(mcp.call_tool("approval_prompt", asked))
         card = await card_for(fake_slack)
         await client.click(team, BOSS, "deny", card)
-        (opened,) = await fake_slack.wait_for("views.open", timeout=10)
+        (opened,) = await fake_slack.wait_for("views.open")
         reason = {"reason": {"reason": {"type": "plain_text_input", "value": "never"}}}
         await client.submit(team, BOSS, opened.args["view"], reason)
         result = await asyncio.wait_for(call, 30)
     answer = json.loads(result.content[0].text)  # type: ignore[union-attr]
     assert answer["behavior"] == "deny" and "denied" in answer["message"]
     assert "never" in answer["message"]
+
+
+async def test_approval_prompt_edit_and_approve_gives_the_edited_input(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str
+) -> None:
+    """A field per top-level key, labelled with it; text as text, the rest as JSON."""
+    from tests.bot.test_edits import open_edit
+
+    asked = {"tool_name": "Bash", "input": {"command": "rm -rf build", "timeout": 30}}
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        call = asyncio.create_task(mcp.call_tool("approval_prompt", asked))
+        card = await card_for(fake_slack)
+        opened = await open_edit(client, fake_slack, team, card)
+        fields = {b["block_id"]: b for b in opened.args["view"]["blocks"] if b["type"] == "input"}
+        assert [f["label"]["text"] for f in fields.values()] == ["command", "timeout"]
+        assert fields["command"]["element"]["initial_value"] == "rm -rf build"
+        assert fields["timeout"]["element"]["initial_value"] == "30"  # JSON
+        bad = {"timeout": {"value": {"type": "plain_text_input", "value": "{nope"}}}
+        status, answer = await client.submit(team, BOSS, opened.args["view"], bad)
+        assert status == 200 and "timeout" in answer and not call.done()
+        edited = {
+            "command": {"value": {"type": "plain_text_input", "value": "rm -rf build/tmp"}},
+            "timeout": {"value": {"type": "plain_text_input", "value": "60"}},
+        }
+        assert await client.submit(team, BOSS, opened.args["view"], edited) == (200, "")
+        result = await asyncio.wait_for(call, 30)
+    assert json.loads(result.content[0].text) == {  # type: ignore[union-attr]
+        "behavior": "allow",
+        "updatedInput": {"command": "rm -rf build/tmp", "timeout": 60},
+    }
 
 
 async def test_a_prompt_policy_allows_a_claude_code_tool(
@@ -324,3 +354,109 @@ async def test_two_replicas_run_an_approved_call_once(
         await other.stop()
     assert not result.is_error
     assert [e["tool"] for e in ledger_tools.entries()] == ["transferMoney"]
+
+
+class Alternating(httpx2.AsyncHTTPTransport):
+    """Sends the session's first request (initialize) to one replica, the rest to another,
+    as a balancer with no stickiness might."""
+
+    def __init__(self, first: int, rest: int) -> None:
+        super().__init__()
+        self.ports = (first, rest)
+        self.sent: list[tuple[str, int]] = []
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        port = self.ports[0] if not self.sent else self.ports[1]
+        request.url = request.url.copy_with(port=port)
+        self.sent.append((request.method, port))
+        return await super().handle_async_request(request)
+
+
+async def test_any_replica_serves_any_request_of_a_session(
+    service: Service,
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: Any,
+    bot_database: str,
+    team: str,
+    ledger: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Initialize on one replica, everything after on the other (no balancer, no sticky
+    sessions): the card still names the client, and progress still comes while it waits."""
+    from gateway import calls
+    from tests.bot.conftest import bot_settings
+
+    monkeypatch.setattr(calls, "PROGRESS_SECONDS", 0.3)
+    other = Service(bot_settings(fake_slack, gemini, DATABASE_URL=bot_database), host="127.0.0.1")
+    await other.start()
+    heard = asyncio.Event()
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.set()
+
+    try:
+        assert service.port is not None and other.port is not None
+        routes = Alternating(service.port, other.port)
+        http = httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {await new_key(service, team)}"},
+            timeout=httpx2.Timeout(30.0, read=120.0),
+            transport=routes,
+        )
+        transport = streamable_http_client(f"http://127.0.0.1:{service.port}/mcp", http_client=http)
+        info = Implementation(name="roaming-agent", version="4.5.6")
+        async with Client(transport, client_info=info) as mcp:
+            call = asyncio.create_task(
+                mcp.call_tool(
+                    "transferMoney", {"amount": 3, "toAccount": "RR"}, progress_callback=on_progress
+                )
+            )
+            card = await card_for(fake_slack)
+            assert "MCP client `roaming-agent 4.5.6`" in json.dumps(card.args["blocks"])
+            await asyncio.wait_for(heard.wait(), 15)
+            await client.click(team, BOSS, "approve", card)
+            result = await asyncio.wait_for(call, 30)
+        await http.aclose()
+    finally:
+        await other.stop()
+    assert not result.is_error
+    assert [e["tool"] for e in ledger_tools.entries()] == ["transferMoney"]
+    assert routes.sent[0] == ("POST", service.port)
+    assert ("POST", other.port) in routes.sent[1:]
+    assert all(port == other.port for _, port in routes.sent[1:])
+
+
+async def test_a_session_is_its_keys_alone_and_ends_when_deleted(
+    service: Service, team: str
+) -> None:
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    url = f"http://127.0.0.1:{service.port}/mcp"
+    mine = {**headers, "Authorization": f"Bearer {await new_key(service, team)}"}
+    theirs = {**headers, "Authorization": f"Bearer {await new_key(service, team, 'x', 'UBOB')}"}
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"},
+        },
+    }
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, json=hello, headers=mine) as opened:
+            assert opened.status == 200
+            session = opened.headers["Mcp-Session-Id"]
+        ours = {**mine, "Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-06-18"}
+        async with http.post(url, json=listing, headers=ours) as listed:
+            assert listed.status == 200
+        stolen = {**theirs, "Mcp-Session-Id": session}
+        async with http.post(url, json=listing, headers=stolen) as refused:
+            assert refused.status == 404
+        async with http.get(url, headers=ours) as stream:
+            assert stream.status == 405  # the server never speaks first
+        async with http.delete(url, headers=ours) as ended:
+            assert ended.status == 200
+        async with http.post(url, json=listing, headers=ours) as after:
+            assert after.status == 404

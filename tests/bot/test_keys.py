@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from agent.keys import TOKEN
 from storage.db import SessionFactory
-from tests.bot.conftest import ADMIN, SlackClient, bot_database_url
+from tests.bot.conftest import ADMIN, SlackClient
 from tests.bot.test_cli import run_bot
 
 KEY = re.compile(r"glk_[A-Za-z0-9_-]{20,}")
@@ -61,7 +61,7 @@ async def test_admins_list_and_revoke_anyones_keys(client: SlackClient, team: st
 
 
 def test_the_cli_prints_the_key_alone_on_the_last_line(team: str, bot_database: str) -> None:
-    env = {"DATABASE_URL": bot_database_url()}
+    env = {"DATABASE_URL": bot_database}
     made = run_bot("keys", "create", "--user", "USVC", "--name", "deploys", "--team", team, env=env)
     assert made.returncode == 0, made.stderr
     last = made.stdout.strip().splitlines()[-1]

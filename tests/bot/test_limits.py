@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 from bot.server import Service
 from storage.db import SessionFactory
 from storage.models import MessageCountRow
-from tests.bot.conftest import DM, SlackClient, bot_settings, new_ts, settle
+from tests.bot.conftest import ACK_DEADLINE, DM, SlackClient, bot_settings, new_ts, settle
 from tests.bot.test_e2e import REQUESTER, TRANSFER, said, thread_posts
 from tests.conftest import poll
 from tests.fakes import slack_payloads as sp
@@ -79,7 +79,7 @@ async def test_a_burst_from_one_person_runs_their_limit_and_is_told_to_wait_once
         for i in range(100):
             sent = time.monotonic()
             assert (await client.dm(team, REQUESTER, f"message {i}"))[0] == 200
-            assert time.monotonic() - sent < 1.0  # acknowledged at once, over the limit too
+            assert time.monotonic() - sent < ACK_DEADLINE  # over the limit too
         assert time.monotonic() - began < 10.0
         await settle(client.service)
     assert len(gemini.generate_requests()) == 20 and gemini.pending == 0
@@ -203,7 +203,7 @@ async def test_a_database_failure_tells_the_requester_and_frees_the_thread(
     async with start() as client:
         with database_fails_on(fragment) as killed:
             await client.dm(team, REQUESTER, "send 500 to 12345", ts=ts)
-            told = await said(fake_slack, FAILED_TEXT, prefix=True, timeout=10)
+            told = await said(fake_slack, FAILED_TEXT, prefix=True)
         assert killed, "the fault was never injected"
         assert told in fake_slack.thread(DM, ts)
         assert not [m for m in fake_slack.thread(DM, ts) if "Thinking" in str(m.get("text"))]

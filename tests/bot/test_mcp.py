@@ -13,7 +13,16 @@ import pytest
 
 from bot.server import Service
 from tests import mcp_tickets
-from tests.bot.conftest import ADMIN, APPROVERS, DM, SlackClient, in_channel, new_ts, settle
+from tests.bot.conftest import (
+    ADMIN,
+    APPROVERS,
+    DM,
+    SlackClient,
+    in_channel,
+    new_ts,
+    policy_file,
+    settle,
+)
 from tests.bot.test_e2e import blocks_of, reply_in_thread, said, text_of
 from tests.fakes.gemini import FakeGemini, function_call, text
 from tests.fakes.slack_api import FakeSlack
@@ -58,11 +67,8 @@ def service_overrides(
     servers = {"tickets": {"command": sys.executable, "args": [SERVER], "env": env}}
     if not in_policy_file:
         return {"MCP_SERVERS": servers}
-    path = tmp_path / "policy.yml"
-    policy = {"allow": ["tickets.list_tickets"], "mcp_servers": servers}
-    path.write_text(json.dumps(policy))  # JSON is YAML
-    fake_slack.team_id = team  # auth.test: the workspace the file's policy is written for
-    return {"POLICY_FILE": path}
+    policy = {"allow": ["tickets.list_tickets"], "mcp_servers": servers}  # JSON is YAML
+    return policy_file(fake_slack, team, tmp_path / "policy.yml", json.dumps(policy))
 
 
 def declared(gemini: FakeGemini, request: int = -1) -> set[str]:
@@ -114,7 +120,7 @@ async def test_a_read_runs_when_allowed_and_a_write_runs_once_after_approval(
         client.click(team, "UBOSS", "approve", card), client.click(team, "UBOSS", "approve", card)
     )
     assert [s for s, _ in clicks] == [200, 200]
-    reply = await reply_in_thread(fake_slack, ts, timeout=15)
+    reply = await reply_in_thread(fake_slack, ts)
     await settle(service)
     assert text_of(reply) == "Opened ticket 1."
     assert mcp_tickets.created() == [dict(args, status="open")]

@@ -73,8 +73,7 @@ async def test_an_approval_flow_shows_in_the_metrics(
 
     gemini.script(function_call("issueRefund", {"order": "A-1"}, id="call-1"))
     ts = new_ts()
-    assert (await client.dm(team, REQUESTER, "refund A-1", ts=ts))[0] == 200
-    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
+    card = await client.dm_until_card(team, REQUESTER, "refund A-1", ts=ts)
     await settle(service)
     asked = await scrape(client)
     assert asked.value(pending, tool="issueRefund") == waiting + 1

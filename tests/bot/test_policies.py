@@ -12,7 +12,15 @@ import pytest
 
 from bot.server import Service
 from tests import ledger_tools
-from tests.bot.conftest import ADMIN, APPROVERS, SlackClient, in_channel, new_ts, settle
+from tests.bot.conftest import (
+    ADMIN,
+    APPROVERS,
+    SlackClient,
+    in_channel,
+    new_ts,
+    policy_file,
+    settle,
+)
 from tests.bot.test_e2e import ask, said, text_of
 from tests.conftest import poll
 from tests.fakes.gemini import FakeGemini, function_call, text
@@ -36,10 +44,7 @@ tools:
 
 @pytest.fixture
 def service_overrides(tmp_path: Path, fake_slack: FakeSlack, team: str) -> dict[str, Any]:
-    path = tmp_path / "policy.yml"
-    path.write_text(POLICY)
-    fake_slack.team_id = team  # auth.test: the workspace the file's policy is written for
-    return {"POLICY_FILE": path}
+    return policy_file(fake_slack, team, tmp_path / "policy.yml", POLICY)
 
 
 async def test_a_rule_lets_small_calls_run_without_a_card(

@@ -12,7 +12,7 @@ import pytest
 
 from bot.server import Service
 from tests import ledger_tools
-from tests.bot.conftest import APPROVERS, SlackClient, in_channel, new_ts, settle
+from tests.bot.conftest import APPROVERS, SlackClient, in_channel, new_ts, policy_file, settle
 from tests.bot.test_e2e import BOSS, REQUESTER, ask, reply_in_thread, said, text_of
 from tests.conftest import poll
 from tests.fakes.gemini import FakeGemini, function_call, text
@@ -48,10 +48,7 @@ def service_overrides(
         return {"AGENT_FILES_ROOT": files}
     if getattr(request, "param", None) != "policy":
         return {}
-    path = tmp_path / "policy.yml"
-    path.write_text(POLICY)
-    fake_slack.team_id = team  # auth.test: the workspace the file's policy is written for
-    return {"POLICY_FILE": path}
+    return policy_file(fake_slack, team, tmp_path / "policy.yml", POLICY)
 
 
 def card_shows(marker: str) -> Callable[[Call], bool]:
@@ -100,8 +97,7 @@ async def test_a_rule_on_a_missing_field_gives_the_strictest_rules_outcome_and_n
     service_overrides: dict[str, Any],
 ) -> None:
     gemini.script(function_call("getBalance", {"account": "ACC-1"}))
-    assert (await client.dm(team, REQUESTER, "my balance?", ts=new_ts()))[0] == 200
-    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
+    card = await client.dm_until_card(team, REQUESTER, "my balance?")
     shown = json.dumps(card.args["blocks"])
     assert "rule 1 (`args.owner == requester`) could not be evaluated" in shown
     assert "0 of 2 approvals" in shown and "the strictest rule applies (rule 2" in shown
@@ -158,8 +154,7 @@ async def test_an_approved_write_shows_and_writes_the_file_it_resolves_to_once(
     root: Path = service_overrides["AGENT_FILES_ROOT"]
     gemini.script(function_call("write_file", {"file_path": "link.txt", "content": "hi\n"}))
     ts = new_ts()
-    assert (await client.dm(team, REQUESTER, "rewrite the notes", ts=ts))[0] == 200
-    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
+    card = await client.dm_until_card(team, REQUESTER, "rewrite the notes", ts=ts)
     shown = json.dumps(card.args["blocks"])
     assert "--- a/notes.txt\\n+++ b/notes.txt\\n" in shown
     assert "\\n-hello\\n-world\\n+hi\\n" in shown
@@ -190,8 +185,7 @@ async def test_whoever_answered_the_turns_question_may_not_approve_what_it_led_t
     question = {"question": "Which account?", "who": "approvers"}
     gemini.script(function_call("askHuman", question, id="q1"))
     ts = new_ts()
-    assert (await client.dm(team, REQUESTER, "pay the supplier 500", ts=ts))[0] == 200
-    (asked,) = await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
+    asked = await client.dm_until_card(team, REQUESTER, "pay the supplier 500", ts=ts)
     assert (await client.click(team, mallory, "answer", asked))[0] == 200
     (opened,) = await fake_slack.wait_for("views.open")
     pay = {"amount": 500, "toAccount": "ACC-MAL"}

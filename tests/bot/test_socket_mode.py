@@ -184,7 +184,7 @@ async def test_every_kind_of_envelope_is_acknowledged_within_3_seconds(
         assert ack["envelope_id"] == envelope
         assert socket_mode.acked_at[envelope] - socket_mode.sent_at[envelope] < ACK_WITHIN
     await poll(lambda: len(ledger_tools.entries()) == 1, "the approved transfer ran")
-    [answer] = await fake_slack.wait_for("response_url:cmd", timeout=15)
+    [answer] = await fake_slack.wait_for("response_url:cmd")
     assert "transferMoney" in str(answer.args["text"])
     await fake_slack.wait_for(
         "chat.postMessage",

@@ -95,7 +95,7 @@ async def test_a_click_whose_lookups_outlast_the_deadline_changes_nothing(
     fake_slack.delays["usergroups.users.list"] = 1.5
     asked = await ask(client, fake_slack, gemini, team)
     assert (await client.click(team, BOSS, "approve", asked.card))[0] == 200
-    (ephemeral,) = await fake_slack.wait_for("chat.postEphemeral", timeout=10)
+    (ephemeral,) = await fake_slack.wait_for("chat.postEphemeral")
     assert text_of(ephemeral).startswith("Already expired"), text_of(ephemeral)
     await settle(service)
     assert service.deps is not None

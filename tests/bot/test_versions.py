@@ -15,7 +15,7 @@ import pytest
 from bot import forms
 from bot.server import Service
 from tests import ledger_tools
-from tests.bot.conftest import APPROVERS, SlackClient, in_channel, settle
+from tests.bot.conftest import APPROVERS, SlackClient, in_channel, policy_file, settle
 from tests.bot.test_e2e import ask, decided_card, text_of
 from tests.conftest import poll
 from tests.fakes.gemini import FakeGemini, text
@@ -37,11 +37,8 @@ def policy() -> str:
 def service_overrides(
     tmp_path: Path, fake_slack: FakeSlack, team: str, policy: str
 ) -> dict[str, Any]:
-    path = tmp_path / "policy.yml"
-    path.write_text(policy)
-    fake_slack.team_id = team  # auth.test: the workspace the file's policy is written for
     fake_slack.channels[LEADS] = {"is_private": True}
-    return {"POLICY_FILE": path}
+    return policy_file(fake_slack, team, tmp_path / "policy.yml", policy)
 
 
 def form(**values: str) -> dict[str, Any]:

@@ -27,6 +27,10 @@ BOT_USER_ID = "U0000BOT"
 BOT_ID = "B0000BOT"
 APP_ID = "A0000APP"
 
+# How long a test waits for what the bot should send: a bound on failing, not a measurement
+# (a passing test never waits it out), so it allows for a loaded 2-core machine.
+DEADLINE = 30.0
+
 # Form-encoded requests carry these as JSON strings; decode them so args look the same either way.
 _JSON_FIELDS = ("blocks", "attachments", "metadata", "chunks", "prompts", "view")
 
@@ -204,7 +208,7 @@ class FakeSlack:
         self,
         method: str,
         count: int = 1,
-        timeout: float = 5.0,  # noqa: ASYNC109 - a test helper's deadline, like pytest's
+        timeout: float = DEADLINE,  # noqa: ASYNC109 - a test helper's deadline, like pytest's
         predicate: Callable[[Call], bool] | None = None,
         *,
         include_injected: bool = False,
@@ -248,7 +252,7 @@ class FakeSlack:
     async def wait_for_message(
         self,
         predicate: Callable[[JSON], bool],
-        timeout: float = 5.0,  # noqa: ASYNC109 - a test helper's deadline, like pytest's
+        timeout: float = DEADLINE,  # noqa: ASYNC109 - a test helper's deadline, like pytest's
     ) -> JSON:
         """The first message, as a reader sees it once whole, that matches `predicate`."""
 

@@ -19,18 +19,19 @@ from storage.db import make_engine
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def _version(url: str) -> str:
+async def _show(url: str, setting: str) -> str:
     engine = make_engine(url)
     try:
         async with engine.connect() as conn:
-            return str(await conn.scalar(text("SHOW server_version")))
+            return str(await conn.scalar(text(f"SHOW {setting}")))
     finally:
         await engine.dispose()
 
 
 async def test_a_temporary_server_answers_and_leaves_nothing_behind() -> None:
     with embedded.temporary() as server:
-        assert (await _version(server.url)).startswith("18.")
+        assert (await _show(server.url, "server_version")).startswith("18.")
+        assert await _show(server.url, "fsync") == "off"  # its data is thrown away after
         data = Path(str(make_url(server.url).query["host"]))
         assert (data / "PG_VERSION").exists()
     assert not data.parent.exists()
@@ -58,6 +59,7 @@ async def test_the_default_keeps_its_data_across_starts(own_tmp: Path) -> None:
         async with engine.connect() as conn:
             assert await conn.scalar(text("SELECT count(*) FROM kept")) == 0
         await engine.dispose()
+        assert await _show(url, "fsync") == "on"  # kept data is synced
 
 
 def test_the_suite_starts_its_own_server_when_none_answers() -> None:

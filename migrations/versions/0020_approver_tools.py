@@ -7,8 +7,8 @@ was made (`note_required`, `standing_offer_seconds`), the standing approval gran
 `standing_revoked_at`), and for a call a standing approval approved, which one (`under`);
 `approval_votes.note`, a voter's note.
 
-Revision ID: 0019
-Revises: 0018
+Revision ID: 0020
+Revises: 0019
 """
 
 from collections.abc import Sequence
@@ -18,8 +18,8 @@ from alembic import op
 
 import storage.models
 
-revision: str = "0019"
-down_revision: str | None = "0018"
+revision: str = "0020"
+down_revision: str | None = "0019"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
