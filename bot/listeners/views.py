@@ -204,21 +204,36 @@ async def on_edit_submitted(
         await ack(response_action="errors", errors=shown)
         return
     except DecisionRefused as refusal:
-        text = refusals.refusal_text(refusal.reason, refusal.approval)
-        now = refusal.approval
-        if refusal.reason == "changed" and now is not None and now.decision is None:
-            # The current version, in place of the one this modal showed.
-            update = modals.edit_modal(now, forms.form_blocks(form, now.current.input), note=text)
-            update["private_metadata"] = json.dumps(meta | {"seen": now.version})
-            await ack(response_action="update", view=update)
-        else:
-            where = modals.EDIT_NOTE if refusal.reason == "note_required" else first
-            await ack(response_action="errors", errors={where: text})
-        if refusal.reason in ("already_decided", "changed") and now is not None:
-            await deps.delivery.refresh_card(client, now)  # the state changed
+        await _edit_refused(ack, deps, client, refusal, form=form, meta=meta, first=first)
         return
     await ack()
     await settled(deps, client, decided)
+
+
+async def _edit_refused(
+    ack: AsyncAck,
+    deps: Deps,
+    client: AsyncWebClient,
+    refusal: DecisionRefused,
+    *,
+    form: dict[str, Any],
+    meta: dict[str, Any],
+    first: str,
+) -> None:
+    """An Edit & approve that changed nothing: the modal shows the current version (it was
+    changed since), or why next to the field it concerns."""
+    text = refusals.refusal_text(refusal.reason, refusal.approval)
+    now = refusal.approval
+    if refusal.reason == "changed" and now is not None and now.decision is None:
+        # The current version, in place of the one this modal showed.
+        update = modals.edit_modal(now, forms.form_blocks(form, now.current.input), note=text)
+        update["private_metadata"] = json.dumps(meta | {"seen": now.version})
+        await ack(response_action="update", view=update)
+    else:
+        where = modals.EDIT_NOTE if refusal.reason == "note_required" else first
+        await ack(response_action="errors", errors={where: text})
+    if refusal.reason in ("already_decided", "changed") and now is not None:
+        await deps.delivery.refresh_card(client, now)  # the state changed
 
 
 def register(app: AsyncApp) -> None:
