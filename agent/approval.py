@@ -1,9 +1,10 @@
 """The approval middleware: what happens to each model answer and each tool call of a turn.
 
 On a model answer, every tool request gets a ref of ours (`stamp_refs`). On a tool call,
-policy decides: a call it allows runs; a question asks a person; any other call is
-interrupted for approval, with why and a preview; a restart that carries an approval this
-resume claimed goes through the execution gate (agent/gate.py). The policy is read live,
+policy decides: a call it allows runs; a question asks a person; a call a live standing
+approval covers is approved by it and run through the execution gate (agent/standing.py,
+agent/gate.py); any other call is interrupted for approval, with why and a preview; a
+restart that carries an approval this resume claimed goes through the gate. The policy is read live,
 at each call.
 
 Genkit re-creates middleware from its config on every generate call, so dependencies are
@@ -40,6 +41,7 @@ from agent.policy import Policy, PolicyService
 from agent.questions import asked, asking
 from agent.runtime import Preview
 from agent.scope import Called, ModelCalls, Outside, TurnScope, current_scope
+from agent.standing import StandingApprovals
 from storage.domain import Context
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,7 @@ class Calls:
     checks: Mapping[str, Check]
     gate: Gate
     outside: Outside
+    standing: StandingApprovals | None = None  # None: no standing approvals (tests)
 
     async def decide(
         self, params: ToolHookParams, ctx: GenerateMiddlewareContext, next_fn: NextTool
@@ -125,6 +128,8 @@ class Calls:
         policy = policy.for_call(args, scope.requester, as_provenance(args, sources))
         if policy.allowed:
             return await self._run(scope, ref, raw, policy, params, ctx, next_fn)
+        if self.standing and (covered := await self.standing.cover(scope, ref, args, raw, policy)):
+            return await self.gate.run_covered(covered, scope, params, ctx, next_fn)  # no card
         if ref:
             context = context or await context_of(scope, ref, args)
             scope.calls[ref] = Called(policy, context, args)

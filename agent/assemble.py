@@ -24,6 +24,7 @@ from agent.questions import answer_form
 from agent.reads import Reads
 from agent.runtime import AgentConfig, AgentRuntime, Preview, build_runtime
 from agent.scope import Outside
+from agent.standing import StandingApprovals
 from agent.turns import Turns
 from agent.workflow import Workflow
 from storage.approval_store import ApprovalStore
@@ -91,7 +92,8 @@ def build_workflow(
     gate = Gate(store.executions, clock, tool_timeouts, outside)
     previews: dict[str, Preview] = dict(files.previews())
     questions: set[str] = set()  # filled as the tools load
-    calls = Calls(policies, previews, questions, files.checks(), gate, outside)
+    standing = StandingApprovals(store, policies, clock, new_id)
+    calls = Calls(policies, previews, questions, files.checks(), gate, outside, standing)
     cap = asyncio.Semaphore(model_calls) if model_calls else None
     runtime = build_runtime(
         config,
@@ -106,7 +108,7 @@ def build_workflow(
     retention = Retention(sessions, keep=keep_data, keep_audit=keep_audit)
     watch = Watch(observer or Observer(), clock)
     timing = Timing(lease, turn_timeout, tool_timeouts)
-    return _workflow(runtime, store, policies, gate, retention, watch, timing, new_id)
+    return _workflow(runtime, store, policies, gate, retention, watch, timing, standing)
 
 
 def _workflow(
@@ -117,10 +119,10 @@ def _workflow(
     retention: Retention,
     watch: Watch,
     timing: Timing,
-    new_id: Callable[[], str],
+    standing: StandingApprovals,
 ) -> Workflow:
     """The workflow's jobs, each given what it needs."""
-    clock = watch.clock
+    clock, new_id = watch.clock, standing.new_id
     decisions = Decisions(runtime, store, policies, watch, clock)
     turns = Turns(
         runtime,
@@ -143,5 +145,6 @@ def _workflow(
         decisions=decisions,
         follow_ups=FollowUps(store, policies, turns, retention, watch, clock),
         reads=Reads(runtime, store, policies, clock),
+        standing=standing,
         tool_timeouts=timing.tool_timeouts,
     )

@@ -46,13 +46,18 @@ class Decisions:
         `facts` may be a callback: the transport then looks people up only for a request
         that exists and is pending, knowing its tool's policy.
         """
+        return (await self._decider(team_id, approval_id, approver, facts))[0]
+
+    async def _decider(
+        self, team_id: str, approval_id: str, approver: str, facts: Facts
+    ) -> tuple[Approval, Policy]:
+        """`check_decider`, and the request's policy (for its current version)."""
         approval, stored = await self._open(team_id, approval_id)
         if approval.request.question:
             raise DecisionRefused("a_question", approval)
         if approval.decision is not None:
             raise DecisionRefused("already_decided", approval)
-        await self._check(approval, stored, approver, facts)
-        return approval
+        return approval, await self._check(approval, stored, approver, facts)
 
     async def check_answerer(
         self, team_id: str, approval_id: str, person: str, facts: Facts
@@ -110,14 +115,23 @@ class Decisions:
         reason: str | None = None,
         facts: Facts | None = None,
         seen: int | None = None,
+        standing: bool = False,
     ) -> Decided:
         """Record one decision on version `seen` of the request (the one the approver was
         shown; None: the current one), atomically; raises DecisionRefused and changes nothing
-        else. A decision on a version that is no longer current is refused ("changed")."""
-        approval = await self.check_decider(
+        else. A decision on a version that is no longer current is refused ("changed").
+        An Approve's `reason` is the approver's note, refused missing where the tool's
+        policy needs one ("note_required"); `standing`: Approve for <duration>, which
+        grants a standing approval too (refused, "no_standing", where the policy now
+        offers none)."""
+        approval, policy = await self._decider(
             team_id, approval_id, approver, facts or ApproverFacts()
         )
         now = self.clock()  # after the look-ups: the deadline holds at the write
+        if approve and standing:  # a standing approval takes no note (agent/standing.py)
+            return await self._grant(approval, policy, Approved(approver, now), seen=seen)
+        if approve and policy.note_required and not reason:
+            raise DecisionRefused("note_required", approval)
         decision = Approved(approver, now, reason) if approve else Denied(approver, now, reason)
         return await self._record(approval, decision, seen=seen)
 
@@ -130,6 +144,7 @@ class Decisions:
         *,
         facts: Facts | None = None,
         seen: int | None = None,
+        note: str | None = None,
     ) -> Decided:
         """Edit & approve of version `seen`: `changed`, as the tool's schema validates it
         (InvalidAnswer by field), compared with the current version. Equal, it is a plain
@@ -137,11 +152,14 @@ class Decisions:
         approver alone (with several approvers needed, the others approve again). The new
         version's policy is evaluated afresh: one that would route the decision elsewhere,
         to other approvers or escalation, or need more approvals, is refused by field
-        (EditRefused); the approver must be one under it too."""
+        (EditRefused); the approver must be one under it too. `note`: the approver's, as
+        with an Approve."""
         facts = facts or ApproverFacts()
-        approval = await self.check_decider(team_id, approval_id, approver, facts)
+        approval, policy = await self._decider(team_id, approval_id, approver, facts)
         if seen is not None and seen != approval.version:
             raise DecisionRefused("changed", approval)
+        if policy.note_required and not note:
+            raise DecisionRefused("note_required", approval)
         r = approval.request
         tool = self.runtime.tools.get(r.tool)
         if is_prompt(r.tool):
@@ -153,7 +171,7 @@ class Decisions:
         if errors or not isinstance(new, dict):
             raise InvalidAnswer(errors or {"input": "an object is needed"})
         if same_value(new, approval.current.input):  # nothing changed: a vote for what it is
-            decision = Approved(approver, self.clock())
+            decision = Approved(approver, self.clock(), note)
             return await self._record(approval, decision, seen=approval.version)
         await self._check_edit(approval, new, approver, facts)
         preview = await preview_of(self.runtime.previews, r.tool, new)
@@ -161,11 +179,13 @@ class Decisions:
         edit = Edit(new, approver, self.clock(), preview)
         if r.approvals_needed > 1:
             try:
-                done = await self.store.decisions.edit(approval, edit, seen=approval.version)
+                done = await self.store.decisions.edit(
+                    approval, edit, seen=approval.version, note=note
+                )
             except IllegalTransition as refused:
                 raise await self._refused(refused, approval) from None
             return Decided(done, turn_ready=False)
-        decision = Approved(approver, edit.at)
+        decision = Approved(approver, edit.at, note)
         return await self._record(approval, decision, seen=approval.version, edit=edit)
 
     async def _expire_if_overdue(self, approval: Approval) -> Approval:
@@ -189,9 +209,10 @@ class Decisions:
 
     async def _check(
         self, approval: Approval, stored: StoredPolicy | None, person: str, facts: Facts
-    ) -> None:
+    ) -> Policy:
         policy = for_version(self.policies.of(approval.request.tool, stored), approval)
         await check_eligible(policy, approval, person, facts)
+        return policy
 
     async def _check_edit(
         self, approval: Approval, new: dict[str, Any], approver: str, facts: Facts
@@ -231,6 +252,28 @@ class Decisions:
         ready = decided.decision is not None and others_pending == 0
         return Decided(decided, turn_ready=ready)
 
+    async def _grant(
+        self, approval: Approval, policy: Policy, decision: Approved, *, seen: int | None
+    ) -> Decided:
+        """Approve for <duration>: APPROVE version `seen` and GRANT a standing approval for
+        as long as the card offered, or the policy now offers if less, for calls the rule
+        that matched this one matches (storage/standing.py)."""
+        offer, shown = policy.standing_offer, approval.request.standing
+        if offer is None or shown is None or approval.request.approvals_needed > 1:
+            raise DecisionRefused("no_standing", approval)
+        seen = approval.version if seen is None else seen
+        if seen != approval.version:
+            raise DecisionRefused("changed", approval)
+        until = decision.at + min(offer, shown)
+        try:
+            granted, others_pending = await self.store.standing.grant(
+                approval, decision, seen=seen, until=until, rule=policy.rule_key
+            )
+        except IllegalTransition as refused:
+            raise await self._refused(refused, approval) from None
+        self.watch.settled(granted)
+        return Decided(granted, turn_ready=others_pending == 0)
+
     def _moved_fields(
         self, base: Policy, approval: Approval, new: dict[str, Any], why: str
     ) -> dict[str, str]:
@@ -259,6 +302,8 @@ class Decisions:
             return DecisionRefused("changed", current)
         if current.decision is None and Requirement.NEW_VOTER in refused.unmet:
             return DecisionRefused("already_voted", current)
+        if current.decision is None and Requirement.STANDING_OFFERED in refused.unmet:
+            return DecisionRefused("no_standing", current)
         return DecisionRefused("already_decided", current)
 
 

@@ -6,9 +6,12 @@ later caller (a second resume of the same turn, a recovery after a crash, anothe
 is answered from the record: the output of a call that finished, "outcome unknown" for
 one that started and never finished. It is never run again.
 
-Two roads lead here: a restart of an approved call, through the approval middleware
-(`run_approved`), and an approved call with an approver's changes, which Genkit would
-refuse to restart, run by the resume itself (`run_edited`).
+Three roads lead here: a restart of an approved call, through the approval middleware
+(`run_approved`); a call a standing approval covers, approved as it is made (`run`, from the
+middleware too); and an approved call with an approver's changes, which Genkit would refuse
+to restart, run by the resume itself (`run_edited`). What the model gets is the tool's
+output, with the approvers' notes beside it when they left any (`noted`); the record keeps
+the tool's own output.
 """
 
 from __future__ import annotations
@@ -95,10 +98,43 @@ class Gate:
                 extra={"approval_id": approval_id},
             )
             raise Interrupt({"why": f"{tool} needs approval (the approval given was not valid)"})
+        return await self.run(approval, scope, params, ctx, next_fn)
+
+    async def run_covered(
+        self,
+        approval: Approval,
+        scope: TurnScope,
+        params: ToolHookParams,
+        ctx: GenerateMiddlewareContext,
+        next_fn: NextTool,
+    ) -> MultipartToolResponse:
+        """Run a call a standing approval approved as it was made (agent/standing.py): the
+        tool sees it as any approved call, its approval id (its idempotency key) and who
+        approved it in `resumed` metadata, and the standing approval it ran under."""
+        assert isinstance(approval.decision, Approved)
+        meta = {"tool_approved": True, "approval_id": approval.id}
+        meta |= {"approved_by": approval.decision.by, "standing": approval.under}
+        part = params.tool_request_part
+        resumed = part.model_copy(update={"metadata": (part.metadata or {}) | {"resumed": meta}})
+        approved = ToolHookParams(tool_request_part=resumed, tool=params.tool)
+        return await self.run(approval, scope, approved, ctx, next_fn)
+
+    async def run(
+        self,
+        approval: Approval,
+        scope: TurnScope,
+        params: ToolHookParams,
+        ctx: GenerateMiddlewareContext,
+        next_fn: NextTool,
+    ) -> MultipartToolResponse:
+        """Run an approved call of this turn (a restart's, checked above, or one a standing
+        approval covers) at most once; the model gets its output, with the approvers' notes
+        (`noted`)."""
+        tool = approval.request.tool
         try:
             await self.executions.start_execution(approval, now=self.clock())
         except IllegalTransition as refused:
-            return MultipartToolResponse(output=answer_from_record(refused, tool))
+            return MultipartToolResponse(output=noted(approval, answer_from_record(refused, tool)))
         seconds = self.timeouts.of(tool)
         limit = asyncio.timeout(seconds)
         try:
@@ -109,10 +145,14 @@ class Gate:
         except Exception as exc:
             if asking(exc) is None and limit.expired():  # it stays "started": outcome unknown
                 _ran_past(tool, seconds, approval)
-                return MultipartToolResponse(output=cut_off(tool, seconds))
+                return MultipartToolResponse(output=noted(approval, cut_off(tool, seconds)))
             output = _failed(tool, approval, exc)
             result = MultipartToolResponse(output=output)
         await self.executions.finish_execution(approval, output=output, now=self.clock())
+        if approval.notes():  # the record keeps the tool's own output; the model gets both
+            return MultipartToolResponse(
+                output=noted(approval, output), content=result.content, metadata=result.metadata
+            )
         return result
 
     async def run_edited(self, tool: Action | None, approval: Approval) -> None:
@@ -179,6 +219,22 @@ def _failed(tool: str, approval: Approval, exc: Exception) -> dict[str, Any]:
         extra={"approval_id": approval.id, "turn_id": approval.turn_id},
     )
     return {"ok": False, "error": f"the tool {tool} failed; it may need a retry"}
+
+
+def noted(approval: Approval, output: Any) -> Any:
+    """What the model gets for an approved call: the tool's output as it is, or, when its
+    approvers left notes, `{"output": <the output>, "note": "<text>"}` (`note_of`)."""
+    return {"output": output} | note if (note := note_of(approval)) else output
+
+
+def note_of(approval: Approval) -> dict[str, str]:
+    """`{"note": …}` when the call's approvers left notes ({} when not): one approver's
+    note as written; several (a quorum's votes) one per line, as `<user id>: <note>`."""
+    if not (notes := approval.notes()):
+        return {}
+    if len(notes) == 1:
+        return {"note": notes[0][1]}
+    return {"note": "\n".join(f"{by}: {note}" for by, note in notes)}
 
 
 def cut_off(tool: str, seconds: float) -> dict[str, Any]:

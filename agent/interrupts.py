@@ -18,7 +18,7 @@ from genkit import Part
 from genkit.exp import AgentInterrupt, AgentResponse
 
 from agent.approval import interrupt_note
-from agent.gate import recorded
+from agent.gate import note_of, noted, recorded
 from agent.policy import Policy, PolicyService
 from agent.questions import answered
 from agent.scope import TurnScope
@@ -122,6 +122,8 @@ class Interrupts:
             approvals_needed=1 if asks else policy.approvals,
             context=replace(context, history=history),
             asks=asks,
+            note_required=policy.note_required and not asks,
+            standing=None if asks else policy.standing_offer,
         )
         # A question to the requester goes into their thread; anything else to a channel.
         channel = turn.thread.channel_id if asks == "requester" else policy.channel
@@ -178,14 +180,14 @@ def resume_parts(
                 if isinstance(approval.execution, NotStarted):
                     raise ValueError(f"approval {approval.id} was edited and has not run")
                 changes = approval.edit.changes(r.input)
-                output = recorded(approval.execution)
-                respond.append(intr.respond({"output": output, "approved_with_changes": changes}))
+                output = {"output": recorded(approval.execution), "approved_with_changes": changes}
+                respond.append(intr.respond(output | note_of(approval)))
             case Approved(by=by):
                 if isinstance(approval.execution, NotStarted):
                     meta = {"tool_approved": True, "approval_id": approval.id, "approved_by": by}
                     restart.append(intr.restart(resumed_metadata=meta))
                 else:
-                    respond.append(intr.respond(recorded(approval.execution)))
+                    respond.append(intr.respond(noted(approval, recorded(approval.execution))))
             case Denied(by=by, reason=reason):
                 error = f"denied by {by}" + (f": {reason}" if reason else "")
                 respond.append(intr.respond({"ok": False, "error": error}))
@@ -201,13 +203,14 @@ def resume_parts(
 
 
 def shaped_by(participants: tuple[str, ...], approvals: Sequence[Approval]) -> tuple[str, ...]:
-    """The turn's participants once it resumes: whoever answered one of its questions, or
-    denied with a reason the model is sent, put words before the model too, so they may
-    not approve what it asks next."""
+    """The turn's participants once it resumes: whoever answered one of its questions,
+    denied with a reason the model is sent, or approved with a note (which it gets too),
+    put words before the model, so they may not approve what it asks next."""
     more = [
         a.decision.by
         for a in approvals
         if isinstance(a.decision, Answered)
         or (isinstance(a.decision, Denied) and a.decision.reason)
     ]
-    return tuple(dict.fromkeys([*participants, *more]))
+    noted_by = [by for a in approvals if isinstance(a.decision, Approved) for by, _ in a.notes()]
+    return tuple(dict.fromkeys([*participants, *more, *noted_by]))

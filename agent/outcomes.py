@@ -31,12 +31,16 @@ TextSink = Callable[[Progress], Awaitable[None]]
 class Reply:
     thread: Thread
     text: str
+    # The standing approvals that covered calls of the turn, as it left them: their cards
+    # count those calls (agent/standing.py).
+    standing: tuple[Approval, ...] = ()
 
 
 @dataclass(frozen=True)
 class AwaitingApproval:
     thread: Thread
     approvals: tuple[Approval, ...]
+    standing: tuple[Approval, ...] = ()  # as Reply's
 
 
 @dataclass(frozen=True)

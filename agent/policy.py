@@ -11,6 +11,7 @@ The rules live here; storage keeps the rows and the Slack layer supplies facts a
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -95,6 +96,27 @@ class Policy:
     escalate_to: str | None = None
     escalate_users: tuple[str, ...] = ()  # empty: the escalation channel's members
     escalate_groups: tuple[str, ...] = ()
+    note_required: bool = False  # POLICY_FILE's `note: required`
+    standing: timedelta | None = None  # POLICY_FILE's `standing`: what a card may offer
+
+    @property
+    def standing_offer(self) -> timedelta | None:
+        """The standing approval a card of this call offers: the tool's `standing`, for a
+        call one approver decides whose rules could all be read; never with a note (a
+        note reaches the model, and its writer may approve nothing it asks next)."""
+        if self.allowed or self.approvals > 1 or self.failed is not None or self.note_required:
+            return None
+        return self.standing
+
+    @property
+    def rule_key(self) -> str:
+        """The rule that decided this call's policy, as a standing approval remembers it:
+        "" for none, else a digest of the rule as written (a rule changed since is another
+        rule, and covers nothing granted under the old one)."""
+        if self.matched is None:
+            return ""
+        written = self.matched.model_dump_json(exclude_none=True)
+        return hashlib.sha256(written.encode()).hexdigest()[:32]
 
     @property
     def names_approvers(self) -> bool:
@@ -295,6 +317,8 @@ def effective(tool: str, stored: StoredPolicy | None, defaults: PolicyDefaults) 
         escalate_to=stored.escalate_to,
         escalate_users=escalate_users,
         escalate_groups=escalate_groups,
+        note_required=stored.note == "required",
+        standing=stored.standing,
     )
 
 

@@ -96,7 +96,7 @@ def load(path: Path) -> PolicyFile:
             message = str(error["msg"]).removeprefix("Value error, ")
             problems.append(f"{path}, line {where}: {field}: {message}")
         raise PolicyFileError(problems) from None
-    problems = []
+    problems = _standing_problems(path, root, policy)
     for tool, spec in policy.tools.items():
         for i, rule in enumerate(spec.rules):
             try:
@@ -110,6 +110,29 @@ def load(path: Path) -> PolicyFile:
     if problems:
         raise PolicyFileError(problems)
     return policy
+
+
+def _standing_problems(path: Path, root: yaml.Node | None, policy: PolicyFile) -> list[str]:
+    """A standing approval where it cannot be: with a quorum (the tool's `approvals`, or
+    the defaults'), or with `note: required` (a note reaches the model: its writer may not
+    approve what follows, yet a standing approval would)."""
+    problems = []
+    for tool, spec in policy.tools.items():
+        if spec.standing is None:
+            continue
+        where = _line(root, ("tools", tool, "standing"))
+        quorum = spec.approvals or policy.defaults.approvals or 1
+        if quorum > 1:
+            problems.append(
+                f"{path}, line {where}: tools.{tool}.standing: a standing approval needs a "
+                f"tool one approver decides; this one needs {quorum}"
+            )
+        if spec.note == "required":
+            problems.append(
+                f"{path}, line {where}: tools.{tool}.standing: a standing approval takes no "
+                "note, and this tool's approvals need one (note: required)"
+            )
+    return problems
 
 
 def _duplicate_key(node: yaml.Node | None) -> tuple[str, int] | None:

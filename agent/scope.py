@@ -20,7 +20,7 @@ from genkit import Message
 
 from agent.context import Index
 from agent.policy import Policy
-from storage.domain import Approval, Context
+from storage.domain import Approval, Context, Thread
 from storage.session_store import current_team
 
 # Entered around each wait on the model or a tool, so whoever runs the turn
@@ -88,6 +88,12 @@ class TurnScope:
     model_time: ModelTime = field(default_factory=ModelTime)
     # The conversation's provenance index, built once per model answer (agent/context.py).
     indexes: dict[tuple[int, int], Index] = field(default_factory=dict)
+    # Where the turn runs (a standing approval covers calls of its own conversation only).
+    conversation_id: str | None = None
+    thread: Thread | None = None
+    # The standing approvals that covered calls of this turn, as each use left them (by
+    # id): their cards count the calls (agent/standing.py).
+    covered_by: dict[str, Approval] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ class Turns:
             log.exception("could not take thread %s for a turn", thread.thread_ts)
             return Failed(thread)
         conversation = held.conversation_id
-        scope = TurnScope(thread.team_id, requester, participants=held.participants)
+        scope = _scope(thread, requester, held.participants, conversation)
         message = human_message(text, by=requester, at=now, viewing=viewing)
 
         async def keep(until: datetime) -> bool:
@@ -131,7 +131,7 @@ class Turns:
                 if out.finish_reason == AgentFinishReason.INTERRUPTED:
                     turn, approvals = await self.interrupts.paused(conversation, thread, scope, out)
                     await self.store.turns.pause(turn, approvals)
-                    return AwaitingApproval(thread, approvals)
+                    return AwaitingApproval(thread, approvals, _covered(scope))
         except asyncio.CancelledError:  # a clean shutdown cut it off: free the thread now
             await self.store.turns.release_thread(conversation, snapshot_id=None)
             raise
@@ -146,7 +146,7 @@ class Turns:
             await self._release(conversation, snapshot_id=None)
             return Failed(thread, model_unavailable=scope.model.unanswered)
         await self._release(conversation, snapshot_id=out.snapshot_id)
-        return Reply(thread, out.text)
+        return Reply(thread, out.text, _covered(scope))
 
     async def _resume(self, turn_id: str, on_text: TextSink | None) -> Resumed | None:
         now = self.clock()
@@ -162,6 +162,8 @@ class Turns:
             requester=asked.requester,
             participants=shaped_by(asked.participants, claim.approvals),
             approvals={a.id: a for a in claim.approvals},
+            conversation_id=claim.conversation_id,
+            thread=claim.thread,
         )
         resume = asyncio.current_task()
         lost = asyncio.Event()
@@ -195,7 +197,11 @@ class Turns:
         self, claim: Claim, scope: TurnScope, on_text: TextSink | None
     ) -> AgentResponse[Any]:
         """The calls approved with changes run first (agent/gate.py `run_edited`); then one
-        resume answers every interrupt of the turn."""
+        resume answers every interrupt of the turn. Whoever's words it sends the model (an
+        answer, a denial's reason, a note) joins the conversation's participants first: none
+        of them may approve what it asks next, in this turn or a later one."""
+        if scope.participants != claim.approvals[0].request.participants:
+            await self.store.turns.join(claim.conversation_id, scope.participants)
         approvals = await self._run_edited(claim)
         respond, restart = resume_parts(approvals, self.forms)
         return await self._run(
@@ -216,14 +222,14 @@ class Turns:
                 settled = await self.store.turns.complete(
                     claim, now=self.clock(), snapshot_id=out.snapshot_id
                 )
-                return Resumed(Reply(thread, out.text), settled)
+                return Resumed(Reply(thread, out.text, _covered(scope)), settled)
             turn, approvals = await self.interrupts.paused(
                 claim.conversation_id, thread, scope, out
             )
             settled = await self.store.turns.complete_and_pause(
                 claim, now=self.clock(), turn=turn, approvals=approvals
             )
-            return Resumed(AwaitingApproval(thread, approvals), settled)
+            return Resumed(AwaitingApproval(thread, approvals, _covered(scope)), settled)
         except IllegalTransition:
             log.error(
                 "turn %s lost its lease while resuming; dropping this result",
@@ -340,6 +346,15 @@ class Turns:
                 finally:
                     response: AgentResponse[Any] = await turn.response
         return response
+
+
+def _scope(thread: Thread, requester: str, people: tuple[str, ...], conversation: str) -> TurnScope:
+    """A new message's turn: in its thread's conversation, with everyone who took part."""
+    return TurnScope(thread.team_id, requester, people, conversation_id=conversation, thread=thread)
+
+
+def _covered(scope: TurnScope) -> tuple[Approval, ...]:
+    return tuple(scope.covered_by.values())
 
 
 def _from_model(chunk: AgentChunk[Any]) -> bool:

@@ -3,7 +3,8 @@
 `turns` runs messages and resumes (agent/turns.py); `decisions` records Approve, Deny,
 edits and answers (agent/decisions.py); `follow_ups` sweeps, reminds, escalates and keeps
 the card's outbox (agent/follow_ups.py); `reads` serves requests to pages and people
-(agent/reads.py). `runtime` says what each tool is (its description, form, whether it
+(agent/reads.py); `standing` revokes standing approvals (agent/standing.py: the middleware
+covers calls with them). `runtime` says what each tool is (its description, form, whether it
 asks), `policies` reads and changes policy. When each transition of storage/lifecycle.py
 happens is decided in those jobs; that it happens at most once is storage's conditional
 write; a tool runs only behind the execution gate (agent/gate.py).
@@ -19,6 +20,7 @@ from agent.gate import ToolTimeouts
 from agent.policy import PolicyService
 from agent.reads import Reads
 from agent.runtime import AgentRuntime
+from agent.standing import StandingApprovals
 from agent.turns import Turns
 
 
@@ -30,4 +32,5 @@ class Workflow:
     decisions: Decisions
     follow_ups: FollowUps
     reads: Reads
+    standing: StandingApprovals
     tool_timeouts: ToolTimeouts

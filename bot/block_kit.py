@@ -105,6 +105,18 @@ def button(label: str, action_id: str, value: str, style: str | None = None) -> 
     return element | ({"style": style} if style else {})
 
 
+def overflow(action_id: str, options: list[tuple[str, str]]) -> Block:
+    """A ⋯ menu of (label, value) options: a click sends the chosen option's value."""
+    return {
+        "type": "overflow",
+        "action_id": action_id,
+        "options": [
+            {"text": {"type": "plain_text", "text": label}, "value": value}
+            for label, value in options
+        ],
+    }
+
+
 def text_message(text: str) -> Message:
     """A message of escaped text: `text` for notifications, the same in verbatim sections."""
     return {"text": text, "blocks": [section(chunk) for chunk in chunks(text, SECTION_MAX)]}

@@ -8,7 +8,7 @@ same row, with the same action ids and values, so a click there is handled as a 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from bot.block_kit import (
@@ -26,6 +26,7 @@ from bot.block_kit import (
     link,
     mention,
     mrkdwn,
+    overflow,
     quote,
     said_of,
     section,
@@ -67,14 +68,31 @@ def as_seen(a: Approval) -> str:
 
 
 def decision_buttons(a: Approval, *, editable: bool) -> list[Block]:
-    """The row that decides a request, on its card and on the Home tab: Approve, Edit &
-    approve (when its input has a schema to edit it by), Deny; each names the version shown."""
-    seen = as_seen(a)
+    """The row that decides a request, on its card and on the Home tab: Approve (which asks
+    for a note first where the tool's policy needs one), Approve for <duration> (a standing
+    approval, where the policy offers one), Edit & approve (when its input has a schema to
+    edit it by), Deny, and a menu: Approve with note, Show conversation. Each names the
+    version shown."""
+    seen, r = as_seen(a), a.request
+    approve = "approve_with_note" if r.note_required else "approve"
+    standing = r.standing if r.approvals_needed == 1 else None
+    menu = [("Approve with note", f"note:{seen}"), ("Show conversation", f"conversation:{a.id}")]
     return [
-        button("Approve", "approve", seen, "primary"),
+        button("Approve", approve, seen, "primary"),
+        *([button(f"Approve for {span(standing)}", "approve_standing", seen)] if standing else []),
         *([button("Edit & approve", "edit_approve", seen)] * editable),
         button("Deny", "deny", seen, "danger"),
+        overflow("approve_menu", menu),
     ]
+
+
+def span(duration: timedelta) -> str:
+    """A standing approval's length as its button says it: `1 h`, `30 min`, `1 h 30 min`."""
+    seconds = int(duration.total_seconds())
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    parts = [(hours, "h"), (minutes, "min"), (seconds, "s")]
+    return " ".join(f"{n} {unit}" for n, unit in parts if n) or "0 s"
 
 
 def answer_button(a: Approval) -> Block:
@@ -190,10 +208,46 @@ def edit_text(a: Approval) -> str:
 
 
 def quorum_text(a: Approval) -> str:
-    """How far a request that needs several approvers got: '1 of 2 approvals: @alice'."""
+    """How far a request that needs several approvers got: '1 of 2 approvals: @alice', and
+    the notes the votes carry."""
     needed = a.request.approvals_needed
     who = ", ".join(mention(v.by) for v in a.votes) or "none yet"
-    return f"*{len(a.votes)} of {needed} approvals:* {who}"
+    return f"*{len(a.votes)} of {needed} approvals:* {who}" + notes_text(a)
+
+
+def notes_text(a: Approval) -> str:
+    """The approvers' notes to the agent, each quoted (escaped: an approver's words are
+    untrusted text like any other)."""
+    return "".join(
+        f"\n💬 {mention(by)}'s note to the agent:\n{quote(said_of(note))}" for by, note in a.notes()
+    )
+
+
+def calls_ran(uses: int) -> str:
+    """'3 more calls ran under this approval'."""
+    return f"{uses} more call{'s' if uses != 1 else ''} ran under this approval"
+
+
+def standing_blocks(a: Approval, now: datetime) -> list[Block]:
+    """A standing approval granted with the request: until when, what it covers, how many
+    calls ran under it, and while it is live, Revoke."""
+    g = a.standing
+    if g is None:
+        return []
+    r = a.request
+    what = f"later {code(r.tool)} calls by {mention(r.requester)} in that conversation"
+    if g.revoked_at is not None:
+        state = f"Revoked by {mention(g.revoked_by)} at {date(g.revoked_at)}"
+    elif g.live(now):
+        state = f"⏱️ Standing approval until {date(g.until)}: {what}, matched as this one was"
+        state += ", run without a card"
+    else:
+        state = f"Standing approval over: its time ran out at {date(g.until)}"
+    out = [section(f"{state}.\n{calls_ran(g.uses)}.")]
+    if g.live(now):
+        revoke = button("Revoke", "revoke_standing", a.id, "danger")
+        out.append({"type": "actions", "block_id": "standing", "elements": [revoke]})
+    return out
 
 
 def decision_text(a: Approval) -> str:
@@ -202,6 +256,7 @@ def decision_text(a: Approval) -> str:
         case Approved(by=by, at=at):
             voters = [v.by for v in a.votes] or [by]
             line = f"✅ Approved by {' and '.join(mention(v) for v in voters)} at {date(at)}"
+            line += notes_text(a) if a.request.approvals_needed == 1 else ""
             if isinstance(a.execution, Finished):
                 line += "\nRan."
             elif isinstance(a.execution, Started):
@@ -307,6 +362,7 @@ def approval_card(
         blocks.append({"type": "actions", "block_id": "approval", "elements": row})
     else:
         blocks.append(section(decision_text(a)))
+        blocks += standing_blocks(a, now)
     return {"text": f"{title}: {escape(r.tool)}", "blocks": blocks}
 
 

@@ -90,6 +90,7 @@ class Delivery:
         if stream is not None:
             closed = await stream.close(outcome.text if isinstance(outcome, Reply) else None)
             if closed.delivered:
+                await self._count_covered(client, outcome)
                 return
             placeholder = closed.replace
         if isinstance(outcome, Reply):
@@ -107,6 +108,14 @@ class Delivery:
         # note, since a post clears it.
         if isinstance(outcome, AwaitingApproval) and self._assistant_thread(outcome.thread):
             await self.status(client, outcome.thread, await self._waiting(client, outcome))
+        await self._count_covered(client, outcome)
+
+    async def _count_covered(self, client: AsyncWebClient, outcome: TurnOutcome) -> None:
+        """Redraw the cards of the standing approvals that covered calls of the turn: each
+        counts the calls that ran under it."""
+        if isinstance(outcome, Reply | AwaitingApproval):
+            for grant in outcome.standing:
+                await self.refresh_card(client, grant)
 
     def streams(self, client: AsyncWebClient) -> Streams:
         """The text sink for the turns one piece of work runs: each reply streams into its

@@ -1,5 +1,5 @@
 """The modals an approval's buttons open: full request, conversation, Edit & approve, Deny,
-Answer."""
+Answer, Approve with note."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ from storage.domain import Approval
 
 MODAL_BLOCKS = 100
 PAGE_CHARS = 40_000  # of text per conversation page, well inside what a view may carry
+NOTE_MAX = 500
+# The note's input in Edit & approve, whose other inputs are the tool's fields: a block id
+# no field name is.
+EDIT_NOTE = "greenlight:note"
 
 
 def full_request_modal(a: Approval) -> dict[str, Any]:
@@ -130,6 +134,55 @@ def edit_modal(a: Approval, form: list[Block], *, note: str = "") -> dict[str, A
             *([section(f"⚠️ {note}")] if note else []),
             section(f"{code(r.tool)} requested by {mention(r.requester)}. {what}"),
             *form,
+            note_input(EDIT_NOTE, required=r.note_required),
+        ],
+    }
+
+
+def note_input(block_id: str, *, required: bool) -> dict[str, Any]:
+    """The approver's note to the agent: optional unless the tool's policy needs one."""
+    label = "Note to the agent" + ("" if required else " (optional)")
+    return {
+        "type": "input",
+        "block_id": block_id,
+        "optional": not required,
+        "label": {"type": "plain_text", "text": label},
+        "hint": {
+            "type": "plain_text",
+            "text": "The agent reads it with the call's result; it is kept in the audit trail.",
+        },
+        "element": {
+            "type": "plain_text_input",
+            "action_id": "note",
+            "multiline": True,
+            "max_length": NOTE_MAX,
+        },
+    }
+
+
+def note_modal(a: Approval, *, note: str = "") -> dict[str, Any]:
+    """Approve with note (or Approve, where the tool's policy needs a note): the request's
+    current version is approved with the approver's words for the agent. `note`: said first
+    (why the modal is shown again)."""
+    r = a.request
+    quorum = (
+        f" Your approval counts as one of the {r.approvals_needed} needed."
+        if r.approvals_needed > 1
+        else ""
+    )
+    return {
+        "type": "modal",
+        "callback_id": "approve_note",
+        "title": {"type": "plain_text", "text": "Approve with note"},
+        "submit": {"type": "plain_text", "text": "Approve"},
+        "close": {"type": "plain_text", "text": "Cancel"},
+        "blocks": [
+            *([section(f"⚠️ {note}")] if note else []),
+            section(
+                f"Approve {code(r.tool)} requested by {mention(r.requester)}, as the card "
+                f"shows it (version {a.version}).{quorum}"
+            ),
+            note_input("note", required=r.note_required),
         ],
     }
 

@@ -10,6 +10,10 @@ from bot.block_kit import code, date, mention
 from storage.domain import Answered, Approval, Approved, Denied, Expired, RefusalReason
 
 NOT_FOUND = "I can't find that approval request any more."
+REVOKERS = (
+    "Only the approver who granted this standing approval, an approver of its tool, or an "
+    "admin can revoke it."
+)
 
 
 def refusal_text(reason: RefusalReason, a: Approval | None) -> str:
@@ -59,8 +63,21 @@ def refusal_text(reason: RefusalReason, a: Approval | None) -> str:
             return _already_decided(a)
         case "not_found":
             return NOT_FOUND
+        case "note_required" | "no_standing" | "standing_over":
+            return _approver_tools(reason, tool)
         case _:
             assert_never(reason)
+
+
+def _approver_tools(reason: str, tool: str) -> str:
+    if reason == "note_required":
+        return f"Approvals of {tool} take a note for the agent: use *Approve with note* (⋯)."
+    if reason == "no_standing":
+        return (
+            f"{tool}'s policy offers no standing approval for this request now, so that "
+            "changed nothing. Approve it on its own."
+        )
+    return "That standing approval is over already (revoked, or its time ran out)."
 
 
 def _already_decided(a: Approval | None) -> str:

@@ -75,6 +75,7 @@ def new_approval(
         expires_at=now + policy.timeout,
         participants=(key.user_id,),
         approvals_needed=policy.approvals,
+        note_required=policy.note_required,  # and no standing approval: none covers the gateway
         context=Context(
             agent=None if words is None else Said(words[:SAID_MAX], len(words)),
             history=history,

@@ -2,8 +2,9 @@
 
 Turns (threads, pause, claim, lease, end: storage/turns.py), decisions (storage/decisions.py),
 the execution gate (storage/executions.py), follow-ups and the card's outbox
-(storage/follow_ups.py), and reads (storage/reads.py). Each transition is one conditional
-write built from storage/lifecycle.py by storage/transitions.py.
+(storage/follow_ups.py), reads (storage/reads.py), and standing approvals
+(storage/standing.py). Each transition is one conditional write built from
+storage/lifecycle.py by storage/transitions.py.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from storage.decisions import DecisionStore
 from storage.executions import ExecutionStore
 from storage.follow_ups import FollowUpStore
 from storage.reads import ReadStore
+from storage.standing import StandingStore
 from storage.turns import TurnStore
 
 
@@ -25,3 +27,4 @@ class ApprovalStore:
         self.executions = ExecutionStore(sessions)
         self.follow_ups = FollowUpStore(sessions)
         self.reads = ReadStore(sessions)
+        self.standing = StandingStore(sessions)

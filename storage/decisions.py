@@ -51,7 +51,7 @@ _P = cast(sa.Table, PolicyRow.__table__)
 DECIDABLE = GET.add_columns(*(_P.c[f].label(f"policy_{f}") for f in POLICY_FIELDS)).outerjoin(
     _P, sa.and_(_P.c.team_id == A.c.team_id, _P.c.tool == A.c.tool)
 )
-_OTHERS_PENDING = (
+OTHERS_PENDING = (
     sa.select(sa.func.count())
     .where(
         SIBLING.c.turn_id == A.c.turn_id,
@@ -93,14 +93,14 @@ APPROVING = Atomic(
         edited_preview=sa.case((_EDITED.is_not(None), _EDITED_PREVIEW), else_=A.c.edited_preview),
         version=sa.case((_EDITED.is_not(None), A.c.version + 1), else_=A.c.version),
     )
-    .returning(A, _OTHERS_PENDING),
+    .returning(A, OTHERS_PENDING),
     NewRow(V, "vote_"),
     NOTE,
 )
 DENYING = Atomic(
     write(
         DENY, decided_by=sa.bindparam("by"), decided_at=NOW, reason=sa.bindparam("because")
-    ).returning(_OTHERS_PENDING),
+    ).returning(OTHERS_PENDING),
     NOTE,
 )
 # EDIT: a new version, its votes the editor's alone; in one transaction (edits are rare).
@@ -116,12 +116,16 @@ EDITING = write(
 _EDITOR = sa.bindparam("by", type_=V.c.voter.type)
 EARLIER_VOTES = sa.delete(V).where(V.c.approval_id == ROW_ID)  # they named other versions
 EDITORS_VOTE = sa.insert(V).values(
-    approval_id=ROW_ID, voter=_EDITOR, at=NOW, version=sa.bindparam("new_version")
+    approval_id=ROW_ID,
+    voter=_EDITOR,
+    at=NOW,
+    version=sa.bindparam("new_version"),
+    note=sa.bindparam("note", type_=V.c.note.type),
 )
 ANSWERING = Atomic(
     write(
         ANSWER, decided_by=sa.bindparam("by"), decided_at=NOW, answer=sa.bindparam("answer")
-    ).returning(_OTHERS_PENDING),
+    ).returning(OTHERS_PENDING),
     NOTE,
 )
 EXPIRE_ONE = Atomic(write(EXPIRE, decided_at=NOW), NOTE)
@@ -173,7 +177,7 @@ class DecisionStore:
             return approval_of(row._mapping, approval.thread), int(row.others_pending)
         vote = NewRow(V, "vote_").params(
             {"approval_id": approval.id, "voter": decision.by, "at": decision.at}
-            | {"version": version}
+            | {"version": version, "note": decision.reason}
         )
         try:
             row = await change(
@@ -194,23 +198,28 @@ class DecisionStore:
         [now] = await with_votes(self._sessions, [approval_of(row._mapping, approval.thread)])
         return now, int(row.others_pending)
 
-    async def edit(self, approval: Approval, edit: Edit, *, seen: int | None = None) -> Approval:
+    async def edit(
+        self, approval: Approval, edit: Edit, *, seen: int | None = None, note: str | None = None
+    ) -> Approval:
         """EDIT a request that needs several approvers, audited, in one transaction: a new
-        version, standing with the editor's vote alone. IllegalTransition when it was
-        decided, its deadline passed, `seen` (by default: `approval`'s version) is no longer
-        the current version, or it needs one approver (then the edit is an APPROVE)."""
+        version, standing with the editor's vote alone (with their `note`). IllegalTransition
+        when it was decided, its deadline passed, `seen` (by default: `approval`'s version)
+        is no longer the current version, or it needs one approver (then the edit is an
+        APPROVE)."""
         seen = approval.version if seen is None else seen
-        edited = replace(approval, edit=edit, votes=(Vote(edit.by, edit.at),), version=seen + 1)
-        params = key(approval) | {"by": edit.by, "edited": edit.input, "now": edit.at}
-        params |= {"new_preview": edit.preview, "seen": seen, "new_version": seen + 1}
-        note = NOTE.params(audit_row(EDIT, edited, edit.at))
+        vote = Vote(edit.by, edit.at, note)
+        edited = replace(approval, edit=edit, votes=(vote,), version=seen + 1)
+        params: dict[str, Any] = key(approval) | {"by": edit.by, "edited": edit.input}
+        params |= {"now": edit.at, "note": note, "new_preview": edit.preview, "seen": seen}
+        params["new_version"] = seen + 1
+        audited = NOTE.params(audit_row(EDIT, edited, edit.at))
         async with self._sessions.begin() as db:
             row = (await db.execute(EDITING, params)).first()
             if row is None:  # nothing was written: say why
                 raise await refusal(db, EDIT, EXPLAIN_APPROVAL, params)
             await db.execute(EARLIER_VOTES, params)
             await db.execute(EDITORS_VOTE, params)
-            await db.execute(NOTE.alone(), note)
+            await db.execute(NOTE.alone(), audited)
         [now] = await with_votes(self._sessions, [approval_of(row._mapping, approval.thread)])
         return now
 

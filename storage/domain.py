@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 
@@ -32,6 +32,12 @@ class CardState(enum.StrEnum):
     POSTING = "posting"  # recorded before the post; a sweep retries it once it is stale
     POSTED = "posted"
     FAILED = "failed"  # Slack refused it for good; the requester was told
+
+
+class StandingState(enum.StrEnum):
+    NONE = "none"  # no standing approval was granted with this approval
+    GRANTED = "granted"  # later calls like it run without a card until its `until`
+    REVOKED = "revoked"  # ended early by a person; one past its `until` is simply over
 
 
 class ReminderState(enum.StrEnum):
@@ -68,6 +74,7 @@ class Vote:
 
     by: str
     at: datetime
+    note: str | None = None  # the approver's words to the agent (Approve with note)
 
 
 Origin = Literal["human", "tool", "model"]
@@ -153,6 +160,11 @@ class Request:
     # them ("250000" into 250000), or they are not an object (`input` shows 5 as
     # {"value": 5}). A restart carries them exactly, and the schema coerces them again.
     asked: Any = None
+    # What its tool's policy asked of an approval when it was made: a note with it
+    # (`note: required`), and the standing approval a card may offer (`standing: 1h`; None
+    # when the policy allows none or the call needs several approvers).
+    note_required: bool = False
+    standing: timedelta | None = None
 
     @property
     def question(self) -> bool:
@@ -163,6 +175,8 @@ class Request:
 class Approved:
     by: str
     at: datetime
+    # The approver's note (Approve with note), which the model gets with the call's result;
+    # for a call the gateway's policy allowed, why.
     reason: str | None = None
 
 
@@ -262,6 +276,26 @@ class FollowUp:
 
 
 @dataclass(frozen=True)
+class Standing:
+    """A standing approval, granted with an Approve for <duration> (storage/lifecycle.py
+    GRANT): until `until`, later calls of the same tool, by the same requester, in the same
+    conversation, that the same rule (`rule`, agent/policy.py `Policy.rule_key`) matches,
+    are approved without a card, each its own approval (`Approval.under`); `uses` counts
+    them. Its approver is the approval's (`Approved.by`)."""
+
+    until: datetime
+    rule: str
+    uses: int = 0
+    state: StandingState = StandingState.GRANTED
+    revoked_by: str | None = None
+    revoked_at: datetime | None = None
+
+    def live(self, now: datetime) -> bool:
+        """Whether it still approves calls: granted, not revoked, its time not run out."""
+        return self.state == StandingState.GRANTED and now < self.until
+
+
+@dataclass(frozen=True)
 class Approval:
     """One interrupted tool call: the request, its single decision, its execution, its card."""
 
@@ -277,6 +311,18 @@ class Approval:
     reminder: FollowUp | None = None
     escalation: FollowUp | None = None
     version: int = 1  # the current version's number (1: as asked; one more per edit)
+    standing: Standing | None = None  # the standing approval granted with it, if any
+    under: str | None = None  # the standing approval (its approval's id) that approved it
+
+    def notes(self) -> tuple[tuple[str, str], ...]:
+        """The approvers' notes, (who, note), in order: each vote's under a quorum, else
+        the approval's own."""
+        if self.votes:
+            return tuple((v.by, v.note) for v in self.votes if v.note)
+        match self.decision:
+            case Approved(by=by, reason=note) if note and self.under is None:
+                return ((by, note),)
+        return ()
 
     @property
     def current(self) -> Version:
@@ -365,4 +411,7 @@ RefusalReason = (
     | Literal["changed"]
     # A question answers no Approve or Deny; only the requester answers what asks them.
     | Literal["a_question", "not_a_question", "not_the_requester"]
+    # Approve with no note where the tool's policy needs one; Approve for <duration> where
+    # its policy (now) offers no standing approval; a Revoke of one that is over.
+    | Literal["note_required", "no_standing", "standing_over"]
 )

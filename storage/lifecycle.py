@@ -18,6 +18,10 @@ States
                posting -> posting                           a sweep retries a cut-off post
     reminder   scheduled -> sent                            once, while still pending
     escalation scheduled -> escalated                       once: the card goes up a level
+    standing   none -> granted                              GRANT, with the APPROVE it rides on
+               granted -> granted (USE)                     a later call approved by it
+               granted -> revoked                           REVOKE, once, while it is live
+               granted, past `until`                        expired: no USE or REVOKE takes
 
 Why an approved call runs at most once
     1. A decision leaves only `pending`, as one conditional write: of two clicks (or a
@@ -79,8 +83,39 @@ Versions: what is approved is what runs
     restarts with the model's own arguments (`Request.asked`), which the tool's schema
     turns into exactly version 1's input.
 
+    An Approve, a VOTE or an EDIT may carry the approver's note (Approve with note; Edit &
+    approve's): written with it (the vote's row, the approval's `reason` once approved) and
+    audited as `note`; the model gets it with the result.
+
+Standing approvals: a card's Approve for <duration>, off unless the tool's policy says
+`standing:` (storage/domain.py Standing)
+    what                  row                           writes, in one statement
+    GRANT                 the approval's own            APPROVE of the version seen, and the
+                                                        grant: until = now + the offer, the
+                                                        rule that matched it; audited
+    USE                   the grant's approval          uses + 1, and a new approval row
+                                                        (APPROVE_UNDER: born approved, `under`
+                                                        the grant, decided by its approver)
+                                                        with its own done turn; audited as
+                                                        requested and approved
+    START/FINISH_EXEC.    the new approval              as for any approved call (the gate)
+    REVOKE                the grant's approval          state revoked, who and when; audited
+    expiry                (none)                        STANDING_LIVE is false from `until`
+                                                        on, by the injected clock
+
+    Only a request one approver decides offers it (STANDING_OFFERED: its policy's offer was
+    recorded with it, and it needs one approval); a policy with both `standing` and a quorum
+    is refused at start. USE finds the grant by the call's tool, requester, conversation and
+    rule (STANDING_MATCHES), and only one whose approver is no participant of the turn (a
+    person whose words reached the model approves nothing it asks next). USE is a
+    conditional UPDATE of the grant's row, as REVOKE is: of a use and a revoke that race,
+    PostgreSQL's row lock orders them, and the second re-checks the row as the first left
+    it, so a call is approved before the revoke or not at all. Each call covered is its own
+    approval, run once behind START_EXECUTION like any other; a grant never runs anything
+    itself.
+
 Adding a state is a change to the enums and TRANSITIONS below, as the quorum, the card's
-outbox, reminders, escalation, questions and edits were:
+outbox, reminders, escalation, questions, edits and standing approvals were:
 storage derives its writes from them, and a new Requirement needs its SQL in
 storage/transitions.py's REQUIREMENTS (a test says so if it is missing).
 """
@@ -99,10 +134,19 @@ from storage.domain import (
     EscalationState,
     ExecutionState,
     ReminderState,
+    StandingState,
     TurnState,
 )
 
-State = ApprovalState | ExecutionState | TurnState | CardState | ReminderState | EscalationState
+State = (
+    ApprovalState
+    | ExecutionState
+    | TurnState
+    | CardState
+    | ReminderState
+    | EscalationState
+    | StandingState
+)
 
 
 class Subject(enum.StrEnum):
@@ -114,6 +158,7 @@ class Subject(enum.StrEnum):
     CARD = "card"
     REMINDER = "reminder"
     ESCALATION = "escalation"
+    STANDING = "standing"
 
 
 class Requirement(enum.StrEnum):
@@ -138,6 +183,12 @@ class Requirement(enum.StrEnum):
     SEVERAL_NEEDED = "the request needs several approvers"
     AS_SEEN = "the version the approver saw is the request's current version"
     SAME_VERSION = "the version to run is the request's current (approved) version"
+    STANDING_OFFERED = "the request offers a standing approval and needs one approver"
+    STANDING_LIVE = "the standing approval's time has not run out"
+    STANDING_MATCHES = (
+        "the call's tool, requester, conversation and rule are the standing approval's, "
+        "and its approver is no participant of the call"
+    )
 
 
 @dataclass(frozen=True)
@@ -149,7 +200,7 @@ class Audit:
     """
 
     action: str
-    actor: Literal["decider", "editor", "requester", "greenlight"]
+    actor: Literal["decider", "editor", "requester", "revoker", "greenlight"]
     detail: tuple[str, ...] = ()
 
 
@@ -198,7 +249,7 @@ VOTE = Transition(
     {A.PENDING: ()},
     A.PENDING,
     requires=(R.ASKS_APPROVAL, R.AS_SEEN, R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_SHORT),
-    audit=Audit("approved", "decider", ("input", "reason")),
+    audit=Audit("approved", "decider", ("input", "note")),
 )
 APPROVE = Transition(
     "approve",
@@ -206,7 +257,7 @@ APPROVE = Transition(
     {A.PENDING: ()},
     A.APPROVED,
     requires=(R.ASKS_APPROVAL, R.AS_SEEN, R.BEFORE_DEADLINE, R.NEW_VOTER, R.QUORUM_MET),
-    audit=Audit("approved", "decider", ("input", "edited", "reason")),
+    audit=Audit("approved", "decider", ("input", "edited", "note")),
 )
 # Approve with changes, of a request that needs several approvers: a new version, which
 # stands with the editor's vote alone (whether they had voted or not); the others vote again.
@@ -216,7 +267,7 @@ EDIT = Transition(
     {A.PENDING: ()},
     A.PENDING,
     requires=(R.ASKS_APPROVAL, R.AS_SEEN, R.BEFORE_DEADLINE, R.SEVERAL_NEEDED),
-    audit=Audit("edited", "editor", ("input", "edited")),
+    audit=Audit("edited", "editor", ("input", "edited", "note")),
 )
 DENY = Transition(
     "deny",
@@ -297,6 +348,38 @@ ESCALATE = Transition(
     requires=(R.STILL_PENDING, R.ESCALATION_DUE),
     audit=Audit("escalated", "greenlight"),
 )
+# Standing approvals (see the docstring's table). GRANT is written with the APPROVE it rides
+# on, in the same statement; USE with the APPROVE_UNDER of the call it covers.
+GRANT = Transition(
+    "grant",
+    Subject.STANDING,
+    {StandingState.NONE: ()},
+    StandingState.GRANTED,
+    requires=(R.STANDING_OFFERED,),
+    audit=Audit("standing_granted", "decider", ("standing",)),
+)
+USE = Transition(
+    "use standing",
+    Subject.STANDING,
+    {StandingState.GRANTED: ()},
+    StandingState.GRANTED,
+    requires=(R.STANDING_LIVE, R.STANDING_MATCHES),
+)
+APPROVE_UNDER = Transition(
+    "approve under standing",
+    Subject.APPROVAL,
+    {None: ()},
+    A.APPROVED,
+    audit=Audit("approved", "decider", ("input", "under")),
+)
+REVOKE = Transition(
+    "revoke",
+    Subject.STANDING,
+    {StandingState.GRANTED: ()},
+    StandingState.REVOKED,
+    requires=(R.STANDING_LIVE,),
+    audit=Audit("standing_revoked", "revoker", ("standing",)),
+)
 RENEW = Transition("renew", Subject.TURN, {T.RESUMING: ()}, T.RESUMING, requires=(R.OWN_CLAIM,))
 # A resume cut off by a clean shutdown: back to waiting, so a sweep claims it without waiting
 # for the lease to run out. A call it started stays started (its outcome is unknown).
@@ -320,6 +403,10 @@ TRANSITIONS = (
     CARD_FAILED,
     REMIND,
     ESCALATE,
+    GRANT,
+    USE,
+    APPROVE_UNDER,
+    REVOKE,
     CLAIM,
     RENEW,
     LET_GO,
@@ -335,6 +422,7 @@ STATES: Mapping[Subject, type[State]] = {
     Subject.CARD: CardState,
     Subject.REMINDER: ReminderState,
     Subject.ESCALATION: EscalationState,
+    Subject.STANDING: StandingState,
 }
 
 

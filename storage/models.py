@@ -21,6 +21,7 @@ from storage.domain import (
     EscalationState,
     ExecutionState,
     ReminderState,
+    StandingState,
     TurnState,
 )
 
@@ -201,6 +202,19 @@ class ApprovalRow(Base):
     )
     escalation_channel: Mapped[str | None] = mapped_column(String(32))
     escalation_ts: Mapped[str | None] = mapped_column(String(32))
+    # What its policy asked when it was made: a note with an approval, the standing
+    # approval a card may offer (seconds; NULL: none). See storage/domain.py Request.
+    note_required: Mapped[bool] = mapped_column(server_default=sa.false())
+    standing_offer_seconds: Mapped[int | None] = mapped_column(Integer)
+    # The standing approval granted with it (storage/lifecycle.py GRANT, USE, REVOKE).
+    standing: Mapped[StandingState] = mapped_column(_enum(StandingState), server_default="none")
+    standing_until: Mapped[datetime | None]
+    standing_rule: Mapped[str | None] = mapped_column(String(64))
+    standing_uses: Mapped[int] = mapped_column(Integer, server_default="0")
+    standing_revoked_by: Mapped[str | None] = mapped_column(String(32))
+    standing_revoked_at: Mapped[datetime | None]
+    # A call approved by a standing approval: that approval's id.
+    under: Mapped[str | None] = mapped_column(String(64))
 
     __table_args__ = (
         Index("ix_approvals_status_expiry", "status", "expires_at"),
@@ -218,6 +232,7 @@ class VoteRow(Base):
     voter: Mapped[str] = mapped_column(String(32), primary_key=True)
     at: Mapped[datetime]
     version: Mapped[int] = mapped_column(Integer, server_default="1")  # what it approved
+    note: Mapped[str | None] = mapped_column(CleanText)  # the voter's note, if any
 
 
 class PolicyRow(Base):
@@ -238,6 +253,8 @@ class PolicyRow(Base):
     escalate_after_seconds: Mapped[int | None] = mapped_column(Integer)
     escalate_to: Mapped[str | None] = mapped_column(String(32))
     escalate_approvers: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'"))
+    note: Mapped[str | None] = mapped_column(String(16))  # "required": Approve takes a note
+    standing_seconds: Mapped[int | None] = mapped_column(Integer)  # a standing approval's
     updated_at: Mapped[datetime]
     updated_by: Mapped[str] = mapped_column(String(32))
 

@@ -37,11 +37,14 @@ POLICY_FIELDS = (
     "escalate_after_seconds",
     "escalate_to",
     "escalate_approvers",
+    "note",
+    "standing_seconds",
 )
 _SECONDS = {
     "timeout": "timeout_seconds",
     "remind_after": "remind_after_seconds",
     "escalate_after": "escalate_after_seconds",
+    "standing": "standing_seconds",
 }
 
 
@@ -59,6 +62,8 @@ def stored_policy(row: Mapping[Any, Any]) -> StoredPolicy:
         escalate_after=_delta(row["escalate_after_seconds"]),
         escalate_to=row["escalate_to"],
         escalate_approvers=tuple(row["escalate_approvers"] or ()),
+        note=row["note"],
+        standing=_delta(row["standing_seconds"]),
     )
 
 

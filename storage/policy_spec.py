@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -57,6 +57,17 @@ Duration = Annotated[timedelta, BeforeValidator(duration)]
 Channel = Annotated[str, BeforeValidator(_channel)]
 Principals = Annotated[tuple[str, ...], BeforeValidator(_principals)]
 Quorum = Annotated[int, Field(ge=1, le=20)]
+STANDING_MAX = timedelta(hours=24)
+
+
+def _standing(value: object) -> timedelta:
+    span = duration(value)
+    if not timedelta(0) < span <= STANDING_MAX:
+        raise ValueError(f"{value!r}: a standing approval lasts at most 24h")
+    return span
+
+
+StandingSpan = Annotated[timedelta, BeforeValidator(_standing)]
 
 
 class Strict(BaseModel):
@@ -95,6 +106,11 @@ class ToolPolicy(Strict):
     escalate_to: Channel | None = None
     escalate_approvers: Principals = ()
     rules: tuple[Rule, ...] = ()
+    # "required": an Approve takes a note (the card's Approve opens a modal for it).
+    note: Literal["required", "optional"] | None = None
+    # Cards offer Approve for <standing>: later calls like the approved one run without a
+    # card that long (storage/lifecycle.py GRANT, USE). Not with a quorum, nor a note.
+    standing: StandingSpan | None = None
 
 
 class StoredPolicy(ToolPolicy):

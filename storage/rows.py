@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -39,6 +39,8 @@ from storage.domain import (
     NotStarted,
     ReminderState,
     Request,
+    Standing,
+    StandingState,
     Started,
     Thread,
     Vote,
@@ -67,7 +69,7 @@ OPEN = T.c.state.in_(OPEN_TURN)  # a turn not yet ended: it holds its thread
 CONTEXT = TypeAdapter(Context)
 NOTE = NewRow(audit.TABLE, "audit_")  # a transition's audit row
 VOTES = (
-    sa.select(V.c.approval_id, V.c.voter, V.c.at)
+    sa.select(V.c.approval_id, V.c.voter, V.c.at, V.c.note)
     .where(V.c.approval_id.in_(sa.bindparam("ids", expanding=True)))
     .order_by(V.c.at, V.c.voter)
 )
@@ -97,7 +99,7 @@ async def with_votes(
         rows = (await db.execute(VOTES, {"ids": ids})).all()
     votes: dict[str, list[Vote]] = {}
     for row in rows:
-        votes.setdefault(row.approval_id, []).append(Vote(row.voter, row.at))
+        votes.setdefault(row.approval_id, []).append(Vote(row.voter, row.at, row.note))
     return tuple(replace(a, votes=tuple(votes.get(a.id, ()))) for a in approvals)
 
 
@@ -170,19 +172,30 @@ def audit_row(transition: Transition, approval: Approval, at: datetime) -> dict[
             pass
         case Answered(by=decider, answer=answer):
             pass
+    standing = approval.standing
     actor = {
         "decider": decider,
         "editor": editor,
         "requester": r.requester,
+        "revoker": (standing.revoked_by if standing else None) or "",
         "greenlight": "greenlight",
     }
+    # An approver's note: the approval's (a VOTE's or APPROVE's), or an EDIT's, its vote's.
+    note = approval.votes[-1].note if approval.votes else None
     fields = {
         "input": r.input,
         "edited": approval.edit.input if approval.edit else None,
         "why": r.why,
         "reason": reason,
+        "note": reason if isinstance(decision, Approved) else note,
         "answer": answer,
         "output": execution.output if isinstance(execution, Finished) else None,
+        "under": approval.under,  # the standing approval that approved this call
+        "standing": (
+            None
+            if standing is None
+            else {"until": standing.until.isoformat(), "rule": standing.rule}
+        ),
     }
     # Which door the request came through (slack, or the gateway's mcp, api) and its key.
     via = r.context.via
@@ -209,21 +222,6 @@ def located(result: Any) -> tuple[Approval, ...]:
 
 def approval_of(row: Mapping[Any, Any], thread: Thread) -> Approval:
     """An approvals row as the domain's value."""
-    request = Request(
-        tool=row["tool"],
-        ref=row["ref"],
-        input=dict(row["input"]),
-        requester=row["requester"],
-        why=row["why"],
-        requested_at=row["requested_at"],
-        expires_at=row["expires_at"],
-        participants=tuple(row["participants"]),
-        preview=row["preview"],
-        approvals_needed=row["approvals_needed"],
-        context=Context() if row["context"] is None else CONTEXT.validate_python(row["context"]),
-        asks=row["asks"],
-        asked=row["asked_input"],
-    )
     channel = row["card_channel"]
     card = None if channel is None else Card(channel, row["card_ts"], CardState(row["card_state"]))
     reminder = None
@@ -246,7 +244,7 @@ def approval_of(row: Mapping[Any, Any], thread: Thread) -> Approval:
         id=row["id"],
         turn_id=row["turn_id"],
         thread=thread,
-        request=request,
+        request=_request(row),
         edit=edit,
         decision=_decision(row),
         execution=_execution(row),
@@ -254,6 +252,43 @@ def approval_of(row: Mapping[Any, Any], thread: Thread) -> Approval:
         reminder=reminder,
         escalation=escalation,
         version=row["version"],
+        standing=_standing(row),
+        under=row["under"],
+    )
+
+
+def _request(row: Mapping[Any, Any]) -> Request:
+    offer = row["standing_offer_seconds"]
+    return Request(
+        tool=row["tool"],
+        ref=row["ref"],
+        input=dict(row["input"]),
+        requester=row["requester"],
+        why=row["why"],
+        requested_at=row["requested_at"],
+        expires_at=row["expires_at"],
+        participants=tuple(row["participants"]),
+        preview=row["preview"],
+        approvals_needed=row["approvals_needed"],
+        context=Context() if row["context"] is None else CONTEXT.validate_python(row["context"]),
+        asks=row["asks"],
+        asked=row["asked_input"],
+        note_required=row["note_required"],
+        standing=None if offer is None else timedelta(seconds=offer),
+    )
+
+
+def _standing(row: Mapping[Any, Any]) -> Standing | None:
+    state = StandingState(row["standing"])
+    if state == StandingState.NONE:
+        return None
+    return Standing(
+        until=row["standing_until"],
+        rule=row["standing_rule"] or "",
+        uses=row["standing_uses"],
+        state=state,
+        revoked_by=row["standing_revoked_by"],
+        revoked_at=row["standing_revoked_at"],
     )
 
 
@@ -326,4 +361,13 @@ def columns(approval: Approval) -> dict[str, Any]:
         "escalation": (EscalationState.SCHEDULED if approval.escalation else EscalationState.NONE),
         "escalation_channel": approval.escalation.channel if approval.escalation else None,
         "escalation_ts": None,
+        "note_required": r.note_required,
+        "standing_offer_seconds": (None if r.standing is None else int(r.standing.total_seconds())),
+        "standing": StandingState.NONE,
+        "standing_until": None,
+        "standing_rule": None,
+        "standing_uses": 0,
+        "standing_revoked_by": None,
+        "standing_revoked_at": None,
+        "under": approval.under,
     }

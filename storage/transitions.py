@@ -24,9 +24,12 @@ A, T, C, S, V = (
     for m in (ApprovalRow, TurnRow, ConversationRow, SeenEventRow, VoteRow)
 )
 SIBLING = A.alias("sibling")
+CALLS = T.alias("conversation_turn")  # the turns of a conversation
 NOW = sa.bindparam("now", type_=A.c.expires_at.type)
 ROW_ID: sa.BindParameter[str] = sa.bindparam("row_id", type_=sa.String())  # the changed row
 SEEN = sa.bindparam("seen", type_=A.c.version.type)  # the version the approver saw
+# A call a standing approval may cover: who is part of its turn (none of them may approve it).
+PARTICIPANTS = sa.bindparam("call_participants", expanding=True, type_=A.c.decided_by.type)
 
 # The SQL of each requirement of the lifecycle; a test checks that every one is here.
 REQUIREMENTS: Mapping[Requirement, sa.ColumnElement[bool]] = {
@@ -55,6 +58,19 @@ REQUIREMENTS: Mapping[Requirement, sa.ColumnElement[bool]] = {
     Requirement.SEVERAL_NEEDED: A.c.approvals_needed > 1,
     Requirement.AS_SEEN: A.c.version == SEEN,
     Requirement.SAME_VERSION: A.c.version == sa.bindparam("call_version", type_=A.c.version.type),
+    Requirement.STANDING_OFFERED: sa.and_(
+        A.c.standing_offer_seconds.is_not(None), A.c.approvals_needed == 1
+    ),
+    Requirement.STANDING_LIVE: A.c.standing_until > NOW,
+    Requirement.STANDING_MATCHES: sa.and_(
+        A.c.tool == sa.bindparam("call_tool"),
+        A.c.requester == sa.bindparam("call_requester"),
+        A.c.standing_rule == sa.bindparam("call_rule"),
+        A.c.turn_id.in_(
+            sa.select(CALLS.c.id).where(CALLS.c.conversation_id == sa.bindparam("conversation"))
+        ),
+        A.c.decided_by.not_in(PARTICIPANTS),
+    ),
 }
 STATE_COLUMN = {
     Subject.APPROVAL: A.c.status,
@@ -63,6 +79,7 @@ STATE_COLUMN = {
     Subject.CARD: A.c.card_state,
     Subject.REMINDER: A.c.reminder,
     Subject.ESCALATION: A.c.escalation,
+    Subject.STANDING: A.c.standing,
 }
 TABLE_OF = {subject: T if subject == Subject.TURN else A for subject in Subject}
 

@@ -224,6 +224,14 @@ class TurnStore:
                 await db.execute(SET_PARTICIPANTS, {"conversation": row.id, "people": list(people)})
         return HeldThread(row.id, row.snapshot_id, people)
 
+    async def join(self, conversation_id: str, people: Sequence[str]) -> None:
+        """Make `people` the conversation's participants (the thread's holder only: a
+        resume, whose decisions' words reached the model, writes those who wrote them)."""
+        async with autocommit(self._sessions) as db:
+            await db.execute(
+                SET_PARTICIPANTS, {"conversation": conversation_id, "people": list(people)}
+            )
+
     async def keep_thread(self, conversation_id: str, *, until: datetime) -> bool:
         """Hold the thread for the turn running in it until `until`; False once it was freed."""
         async with autocommit(self._sessions) as db:
@@ -258,7 +266,7 @@ class TurnStore:
         rows = await CLAIM_TURN.run(self._sessions, values)
         if not rows:  # a paused turn has one approval per interrupt, so at least one
             raise await self._refusal(CLAIM, values)
-        approvals = located(rows)
+        approvals = await with_votes(self._sessions, located(rows))  # their notes, too
         return Claim(
             turn_id=turn_id,
             conversation_id=rows[0].conversation_id,

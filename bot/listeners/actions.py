@@ -1,4 +1,5 @@
-"""The buttons of approval cards: Approve, Deny, and what an approver may look at first.
+"""The buttons of approval cards: Approve (with a note, or for a while), Deny, Revoke, and
+what an approver may look at first.
 
 The Home tab (bot/home.py) shows the same buttons: a click there is in no channel, so the
 clicker's channel membership is asked of Slack instead, and what a card's clicker would be
@@ -103,11 +104,18 @@ async def approve(
     seen: int,
     *,
     home: bool,
+    standing: bool = False,
 ) -> None:
     facts = facts_for(deps, client, asked, home=home)
     try:
         decided = await deps.workflow.decisions.decide(
-            asked.team, asked.approval_id, asked.user, approve=True, facts=facts, seen=seen
+            asked.team,
+            asked.approval_id,
+            asked.user,
+            approve=True,
+            facts=facts,
+            seen=seen,
+            standing=standing,
         )
     except DecisionRefused as refusal:
         await refuse(deps, client, refusal, asked, home=home)
@@ -125,6 +133,85 @@ async def on_approve(
     # In line with the turns: a click waits behind the messages that came before it.
     seen = seen_in(button(body))
     deps.background.spawn(approve(deps, client, asked, seen, home=home), name="approve")
+
+
+async def on_approve_standing(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+) -> None:
+    """Approve for <duration>: the approval, and a standing approval for later calls like it
+    (agent/standing.py)."""
+    await ack()
+    asked, home = clicked(body), from_home(body)
+    if asked is None or await too_fast(deps, client, asked, home=home):
+        return
+    seen = seen_in(button(body))
+    work = approve(deps, client, asked, seen, home=home, standing=True)
+    deps.background.spawn(work, name="approve standing")
+
+
+async def on_approve_with_note(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+) -> None:
+    """Approve with note (or Approve, where the policy needs a note): a modal for the note,
+    showing the version the click was on (bot/listeners/views.py approves it)."""
+    await ack()
+    if (opened := await opening(deps, client, body)) is None:
+        return
+    view = modals.note_modal(opened.approval)
+    view["private_metadata"] = opened.metadata()
+    await client.views_open(trigger_id=opened.trigger, view=view)
+
+
+async def on_approve_menu(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+) -> None:
+    """The decision row's ⋯ menu: Approve with note, or Show conversation, as their own
+    buttons would be (the chosen option's value is theirs, after its prefix)."""
+    actions = body.get("actions")
+    action = actions[0] if isinstance(actions, list) and actions else None
+    value = obj(obj(action).get("selected_option")).get("value")
+    kind, _, rest = str(value).partition(":")
+    as_button = body | {"actions": [obj(action) | {"value": rest}]}
+    if kind == "note":
+        await on_approve_with_note(ack, as_button, client, deps)
+    elif kind == "conversation":
+        await on_show_conversation(ack, as_button, client, deps)
+    else:
+        await ack()
+
+
+async def on_revoke_standing(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+) -> None:
+    """Revoke a standing approval: its approver, an approver of the tool, or an admin."""
+    await ack()
+    asked, home = clicked(body), from_home(body)
+    if asked is None or await too_fast(deps, client, asked, home=home):
+        return
+    deps.background.spawn(revoke(deps, client, asked, home=home), name="revoke")
+
+
+async def revoke(deps: Deps, client: AsyncWebClient, asked: Interaction, *, home: bool) -> None:
+    async def is_admin() -> bool:
+        return await deps.people.is_admin(client, asked.user, asked.team)
+
+    try:
+        revoked = await deps.workflow.standing.revoke(
+            asked.team,
+            asked.approval_id,
+            asked.user,
+            facts=facts_for(deps, client, asked, home=home),
+            is_admin=is_admin,
+        )
+    except DecisionRefused as refusal:
+        text = refusals.refusal_text(refusal.reason, refusal.approval)
+        if refusal.reason not in ("standing_over", "not_found"):  # who may decide, or not
+            text = refusals.REVOKERS
+        await tell(deps, client, asked, text, home=home)
+        if refusal.reason == "standing_over" and refusal.approval is not None:
+            await deps.delivery.refresh_card(client, refusal.approval)
+        return
+    await deps.delivery.refresh_card(client, revoked)
 
 
 @dataclass(frozen=True)
@@ -291,6 +378,10 @@ async def on_answer(
 def register(app: AsyncApp) -> None:
     app.action("answer")(on_answer)
     app.action("approve")(on_approve)
+    app.action("approve_standing")(on_approve_standing)
+    app.action("approve_with_note")(on_approve_with_note)
+    app.action("approve_menu")(on_approve_menu)
+    app.action("revoke_standing")(on_revoke_standing)
     app.action("edit_approve")(on_edit_approve)
     app.action("deny")(on_deny)
     app.action("show_request")(on_show_request)

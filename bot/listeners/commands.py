@@ -24,6 +24,7 @@ from agent.keys import ApiKey, BadName, NameTaken
 from agent.policy import Policy, UnknownTool
 from agent.policy_cases import Outcome, decide
 from agent.workflow import Workflow
+from bot.card import span
 from bot.deps import Deps
 from bot.listeners.shared import slack_id
 from bot.safe_text import escape
@@ -94,6 +95,10 @@ def describe(policy: Policy, *, asks: bool = False) -> str:
     line = f"• `{policy.tool}` — {state} · {channel} · approvers: {who} · timeout {hours:g}h"
     if policy.approvals > 1:
         line += f" · {policy.approvals} approvals"
+    if policy.note_required:
+        line += " · an Approve takes a note"
+    if policy.standing:
+        line += f" · standing approvals of {span(policy.standing)}"
     if policy.rules and not policy.allowed:
         count = len(policy.rules)
         line += f" · {count} rule{'s' * (count > 1)} (`/approvals rules {policy.tool}`)"
@@ -324,6 +329,12 @@ def explained(got: Outcome) -> list[str]:
         "or anyone else whose words led to the call.",
         f"• Expires after {p.timeout.total_seconds() / 3600:g}h unless decided.",
     ]
+    if p.note_required:
+        lines.append("• An Approve takes a note, which the agent reads with the result.")
+    if p.standing_offer is not None:
+        lines.append(
+            f"• The card offers Approve for {span(p.standing_offer)} (a standing approval)."
+        )
     if p.remind_after is not None:
         lines.append(f"• A reminder after {p.remind_after.total_seconds() / 3600:g}h.")
     if p.escalate_after is not None and p.escalate_to is not None:

@@ -1,5 +1,5 @@
-"""Modal submissions: a denial with its optional reason, the answer to a question, and an
-approval with changes."""
+"""Modal submissions: a denial with its optional reason, the answer to a question, an
+approval with changes, and an approval with a note."""
 
 from __future__ import annotations
 
@@ -25,18 +25,24 @@ def metadata(body: dict[str, Any]) -> dict[str, Any]:
         return {}
 
 
-def submitted(body: dict[str, Any]) -> tuple[Interaction, str | None] | None:
-    """The Interaction of a denial's view_submission, and its reason; or None."""
+def submitted(
+    body: dict[str, Any], block: str = "reason", action: str = "reason"
+) -> tuple[Interaction, str | None] | None:
+    """The Interaction of a view_submission, and the free text of its input `block` (a
+    denial's reason, an approval's note; None when empty); or None."""
     opened = in_modal(body)
     if opened is None:
         return None
-    field = obj(obj(obj(obj(body.get("view")).get("state")).get("values")).get("reason"))
-    reason = obj(field.get("reason")).get("value")
-    if isinstance(reason, str):  # free text; PostgreSQL stores no NUL
-        reason = reason.replace("\x00", "").strip()[:MAX_REASON] or None
-    else:
-        reason = None
-    return opened, reason
+    return opened, text_in(body, block, action)
+
+
+def text_in(body: dict[str, Any], block: str, action: str) -> str | None:
+    """A modal's free-text input, trimmed; None when empty. PostgreSQL stores no NUL."""
+    field = obj(obj(obj(obj(body.get("view")).get("state")).get("values")).get(block))
+    text = obj(field.get(action)).get("value")
+    if not isinstance(text, str):
+        return None
+    return text.replace("\x00", "").strip()[:MAX_REASON] or None
 
 
 async def on_deny_submitted(
@@ -63,6 +69,41 @@ async def on_deny_submitted(
     except DecisionRefused as refusal:
         text = refusals.refusal_text(refusal.reason, refusal.approval)
         await ack(response_action="errors", errors={"reason": text})
+        if refusal.reason in ("already_decided", "changed") and refusal.approval is not None:
+            await deps.delivery.refresh_card(client, refusal.approval)  # the state changed
+        return
+    await ack()
+    await settled(deps, client, decided)
+
+
+async def on_note_submitted(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+) -> None:
+    """Approve with note: the version the modal showed, approved with the approver's words
+    (refused, shown in the modal, when the note is missing where the policy needs one, or
+    the request changed or was decided since)."""
+    parsed = submitted(body, "note", "note")
+    if parsed is None:
+        await ack()
+        return
+    asked, note = parsed
+    facts = facts_for(deps, client, asked, home=True)  # asked of Slack again
+    seen = seen_in(metadata(body).get("seen"))
+    try:
+        decided = await deps.workflow.decisions.decide(
+            asked.team,
+            asked.approval_id,
+            asked.user,
+            approve=True,
+            reason=note,
+            facts=facts,
+            seen=seen,
+        )
+    except DecisionRefused as refusal:
+        text = refusals.refusal_text(refusal.reason, refusal.approval)
+        if refusal.reason == "note_required":
+            text = "A note is needed: the policy for this tool asks for one with an approval."
+        await ack(response_action="errors", errors={"note": text})
         if refusal.reason in ("already_decided", "changed") and refusal.approval is not None:
             await deps.delivery.refresh_card(client, refusal.approval)  # the state changed
         return
@@ -144,9 +185,16 @@ async def on_edit_submitted(
     facts = facts_for(deps, client, opened, home=True)  # asked of Slack again
     fields = forms.properties(form)
     first = next(iter(fields), "")
+    note = text_in(body, modals.EDIT_NOTE, "note")
     try:
         decided = await deps.workflow.decisions.approve_with_changes(
-            opened.team, opened.approval_id, opened.user, changed, facts=facts, seen=seen
+            opened.team,
+            opened.approval_id,
+            opened.user,
+            changed,
+            facts=facts,
+            seen=seen,
+            note=note,
         )
     except InvalidAnswer as invalid:
         shown = {
@@ -156,23 +204,40 @@ async def on_edit_submitted(
         await ack(response_action="errors", errors=shown)
         return
     except DecisionRefused as refusal:
-        text = refusals.refusal_text(refusal.reason, refusal.approval)
-        now = refusal.approval
-        if refusal.reason == "changed" and now is not None and now.decision is None:
-            # The current version, in place of the one this modal showed.
-            update = modals.edit_modal(now, forms.form_blocks(form, now.current.input), note=text)
-            update["private_metadata"] = json.dumps(meta | {"seen": now.version})
-            await ack(response_action="update", view=update)
-        else:
-            await ack(response_action="errors", errors={first: text})
-        if refusal.reason in ("already_decided", "changed") and now is not None:
-            await deps.delivery.refresh_card(client, now)  # the state changed
+        await _edit_refused(ack, deps, client, refusal, form=form, meta=meta, first=first)
         return
     await ack()
     await settled(deps, client, decided)
+
+
+async def _edit_refused(
+    ack: AsyncAck,
+    deps: Deps,
+    client: AsyncWebClient,
+    refusal: DecisionRefused,
+    *,
+    form: dict[str, Any],
+    meta: dict[str, Any],
+    first: str,
+) -> None:
+    """An Edit & approve that changed nothing: the modal shows the current version (it was
+    changed since), or why next to the field it concerns."""
+    text = refusals.refusal_text(refusal.reason, refusal.approval)
+    now = refusal.approval
+    if refusal.reason == "changed" and now is not None and now.decision is None:
+        # The current version, in place of the one this modal showed.
+        update = modals.edit_modal(now, forms.form_blocks(form, now.current.input), note=text)
+        update["private_metadata"] = json.dumps(meta | {"seen": now.version})
+        await ack(response_action="update", view=update)
+    else:
+        where = modals.EDIT_NOTE if refusal.reason == "note_required" else first
+        await ack(response_action="errors", errors={where: text})
+    if refusal.reason in ("already_decided", "changed") and now is not None:
+        await deps.delivery.refresh_card(client, now)  # the state changed
 
 
 def register(app: AsyncApp) -> None:
     app.view("deny_reason")(on_deny_submitted)
     app.view("answer")(on_answer_submitted)
     app.view("edit_approve")(on_edit_submitted)
+    app.view("approve_note")(on_note_submitted)

@@ -81,6 +81,24 @@ def test_a_good_file(tmp_path: Path) -> None:
         ),
         ("tools:\n  transferMoney:\n    approvals: 2\n    approvals: 1\n", 4, "given twice"),
         ("defaults:\n  approvals: 0\n", 2, "greater than or equal to 1"),
+        ("tools:\n  transferMoney:\n    standing: 25h\n", 3, "lasts at most 24h"),
+        ("tools:\n  transferMoney:\n    standing: 0s\n", 3, "lasts at most 24h"),
+        ("tools:\n  transferMoney:\n    note: maybe\n", 3, "tools.transferMoney.note:"),
+        (
+            "tools:\n  transferMoney:\n    approvals: 2\n    standing: 1h\n",
+            4,
+            "standing: a standing approval needs a tool one approver decides; this one needs 2",
+        ),
+        (
+            "defaults:\n  approvals: 3\ntools:\n  transferMoney:\n    standing: 1h\n",
+            5,
+            "this one needs 3",
+        ),
+        (
+            "tools:\n  transferMoney:\n    standing: 1h\n    note: required\n",
+            3,
+            "a standing approval takes no note",
+        ),
     ],
 )
 def test_a_bad_file_names_the_line_and_the_problem(

@@ -71,7 +71,7 @@ async def test_every_step_of_an_approval_is_audited_once(h: Harness) -> None:
         ("executed", "greenlight", "transferMoney", approval.id),
     ]
     assert [e.detail.get("input") for e in trail[:3]] == [TRANSFER] * 3
-    assert trail[1].detail["reason"] == "ok"
+    assert trail[1].detail["note"] == "ok"  # an Approve's words are its note
     assert trail[3].detail["output"]["success"] is True
 
 

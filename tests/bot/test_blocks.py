@@ -172,11 +172,16 @@ def test_pending_card_layout() -> None:
     actions = [b for b in card["blocks"] if b["type"] == "actions"]
     assert [a["block_id"] for a in actions] == ["request", "approval"]
     assert [b["action_id"] for b in actions[0]["elements"]] == ["show_conversation"]
-    buttons = actions[1]["elements"]
+    *buttons, menu = actions[1]["elements"]
     assert [(b["action_id"], b["value"], b.get("style")) for b in buttons] == [
         ("approve", "ap-1~1", "primary"),
         ("edit_approve", "ap-1~1", None),
         ("deny", "ap-1~1", "danger"),
+    ]
+    assert (menu["type"], menu["action_id"]) == ("overflow", "approve_menu")
+    assert [(o["text"]["text"], o["value"]) for o in menu["options"]] == [
+        ("Approve with note", "note:ap-1~1"),
+        ("Show conversation", "conversation:ap-1"),
     ]
     assert "Full input" not in json.dumps(card)  # nothing was shortened
     assert f"<!date^{int((NOW + timedelta(hours=1)).timestamp())}^" in json.dumps(card)

@@ -180,10 +180,15 @@ async def test_dm_to_card_to_approve_to_reply(
         "text": {"type": "plain_text", "text": "Approval needed: transferMoney"},
     }
     (actions,) = [b for b in card_blocks if b.get("block_id") == "approval"]
-    assert [(e["action_id"], e["value"]) for e in actions["elements"]] == [
+    *buttons, menu = actions["elements"]
+    assert [(e["action_id"], e["value"]) for e in buttons] == [
         ("approve", f"{asked.approval_id}~1"),
         ("edit_approve", f"{asked.approval_id}~1"),
         ("deny", f"{asked.approval_id}~1"),
+    ]
+    assert [o["value"] for o in menu["options"]] == [
+        f"note:{asked.approval_id}~1",
+        f"conversation:{asked.approval_id}",
     ]
     assert "thread_ts" not in asked.card.args
     [pending] = await service.deps.workflow.reads.pending(team)

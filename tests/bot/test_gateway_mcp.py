@@ -207,6 +207,7 @@ async def test_approval_prompt_edit_and_approve_gives_the_edited_input(
         card = await card_for(fake_slack)
         opened = await open_edit(client, fake_slack, team, card)
         fields = {b["block_id"]: b for b in opened.args["view"]["blocks"] if b["type"] == "input"}
+        assert fields.pop("greenlight:note")["optional"] is True  # the approver's note
         assert [f["label"]["text"] for f in fields.values()] == ["command", "timeout"]
         assert fields["command"]["element"]["initial_value"] == "rm -rf build"
         assert fields["timeout"]["element"]["initial_value"] == "30"  # JSON

@@ -114,6 +114,23 @@ def test_check_names_every_problem_with_its_file_and_line(tmp_path: Path) -> Non
     assert ok.returncode == 0 and "OK" in ok.stdout, ok.stderr
 
 
+def test_check_refuses_a_standing_approval_too_long_or_with_a_quorum(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yml"
+    path.write_text("tools:\n  transferMoney:\n    standing: 2d\n")
+    result = run_bot("policy", "check", str(path), env=ENV)
+    assert result.returncode == 1
+    assert result.stderr.startswith(
+        f"{path}, line 3: tools.transferMoney.standing: '2d': a standing approval lasts at most"
+    )
+    path.write_text("tools:\n  getBalance:\n    approvals: 2\n    standing: 1h\n")
+    result = run_bot("policy", "check", str(path), env=ENV)
+    assert result.returncode == 1
+    assert result.stderr.startswith(
+        f"{path}, line 4: tools.getBalance.standing: a standing approval needs a tool one "
+        "approver decides; this one needs 2"
+    )
+
+
 def test_policy_without_its_arguments_is_usage_and_exit_2() -> None:
     result = run_bot("policy", "test", "only-one.yml", env=ENV)
     assert result.returncode == 2 and "usage: greenlight policy" in result.stderr

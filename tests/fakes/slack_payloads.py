@@ -257,14 +257,22 @@ def block_actions(
     app_id: str = APP_ID,
     bot_user_id: str = BOT_USER_ID,
     bot_id: str = BOT_ID,
+    overflow: bool = False,
 ) -> Payload:
-    """A button click on a bot message, form-encoded as `payload=<json>`."""
-    button = {
+    """A button click on a bot message, form-encoded as `payload=<json>`; `overflow`: the
+    choice of an overflow menu's option whose value is `value`."""
+    button: dict[str, Any] = {
         "type": "button",
         "action_id": action_id,
         "text": {"type": "plain_text", "text": value, "emoji": True},
         "value": value,
     }
+    if overflow:
+        button = {
+            "type": "overflow",
+            "action_id": action_id,
+            "selected_option": {"text": {"type": "plain_text", "text": value}, "value": value},
+        }
     blocks = message_blocks or [{"type": "actions", "block_id": block_id, "elements": [button]}]
     action = {**button, "block_id": block_id, "action_ts": f"{time.time():.6f}"}
     payload: dict[str, Any] = {

@@ -22,6 +22,7 @@ from storage.domain import (
     NotStarted,
     ReminderState,
     Request,
+    StandingState,
     Started,
     Thread,
     TurnState,
@@ -29,6 +30,7 @@ from storage.domain import (
 from storage.lifecycle import (
     ANSWER,
     APPROVE,
+    APPROVE_UNDER,
     CARD_FAILED,
     CARD_POSTED,
     CLAIM,
@@ -39,15 +41,18 @@ from storage.lifecycle import (
     EXPIRE,
     FINISH_EXECUTION,
     GIVE_UP,
+    GRANT,
     LET_GO,
     PAUSE,
     REMIND,
     RENEW,
     REQUEST,
     RETRY_CARD,
+    REVOKE,
     START_EXECUTION,
     STATES,
     TRANSITIONS,
+    USE,
     VOTE,
     IllegalTransition,
     Requirement,
@@ -87,6 +92,13 @@ ALLOWED: dict[tuple[Transition, State | None], tuple[State, set[Requirement]]] =
         EscalationState.ESCALATED,
         {R.STILL_PENDING, R.ESCALATION_DUE},
     ),
+    (GRANT, StandingState.NONE): (StandingState.GRANTED, {R.STANDING_OFFERED}),
+    (USE, StandingState.GRANTED): (
+        StandingState.GRANTED,
+        {R.STANDING_LIVE, R.STANDING_MATCHES},
+    ),
+    (APPROVE_UNDER, None): (A.APPROVED, set()),
+    (REVOKE, StandingState.GRANTED): (StandingState.REVOKED, {R.STANDING_LIVE}),
     (CLAIM, T.WAITING): (T.RESUMING, {R.ALL_DECIDED}),
     (CLAIM, T.RESUMING): (T.RESUMING, {R.ALL_DECIDED, R.LEASE_RAN_OUT}),
     (RENEW, T.RESUMING): (T.RESUMING, {R.OWN_CLAIM}),
@@ -150,9 +162,13 @@ def test_audited_transitions_name_fields_an_approval_has() -> None:
         "card failed": "card_failed",
         "remind": "reminded",
         "escalate": "escalated",
+        "grant": "standing_granted",
+        "approve under standing": "approved",
+        "revoke": "standing_revoked",
     }
+    fields = {"input", "why", "reason", "note", "answer", "edited", "output", "under", "standing"}
     for spec in audited.values():
-        assert set(spec.detail) <= {"input", "why", "reason", "answer", "edited", "output"}
+        assert set(spec.detail) <= fields
 
 
 def approval(**over: object) -> Approval:
