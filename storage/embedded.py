@@ -95,11 +95,11 @@ def _throwaway() -> Iterator[None]:
             conf.write("\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\n")
         return str(made)
 
-    postgres_server.initdb = fast
+    postgres_server.initdb = fast  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        postgres_server.initdb = initdb
+        postgres_server.initdb = initdb  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
