@@ -72,7 +72,7 @@ class RecordedRequest:
 def _events(reply: Reply, message_id: str) -> list[tuple[str, JSON]]:
     """The SSE events of one streamed message, as the Messages API sends them."""
     usage = {"input_tokens": 10, "output_tokens": 1}
-    start = {"id": message_id, "type": "message", "role": "assistant", "model": MODEL}
+    start: JSON = {"id": message_id, "type": "message", "role": "assistant", "model": MODEL}
     start |= {"content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
     events: list[tuple[str, JSON]] = [("message_start", {"message": start})]
     for index, block in enumerate(reply.content):
