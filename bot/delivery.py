@@ -33,6 +33,7 @@ from bot import messages
 from bot.card import approval_card, question_card
 from bot.streaming import ReplyStream, Streams
 from storage.domain import Approval, Thread
+from storage.gateway_store import GATEWAY_CHANNEL
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +286,8 @@ class Delivery:
         replace: str | None = None,
     ) -> str | None:
         """Post into the thread (or replace a message in it); returns the message ts."""
+        if thread.channel_id == GATEWAY_CHANNEL:
+            return None  # a gateway request's: no Slack thread to post in
         try:
             if replace is not None:
                 await client.chat_update(channel=thread.channel_id, ts=replace, **message)
@@ -443,6 +446,8 @@ class Delivery:
         self, client: AsyncWebClient, thread: Thread, in_thread: str | None
     ) -> str | None:
         """The link, or None: a card without it still works, so nothing here may fail it."""
+        if thread.channel_id == GATEWAY_CHANNEL:
+            return None  # a gateway request's: no Slack thread is behind it
         if self._workspace is None:
             self._workspace = asyncio.ensure_future(self._address(client))
         if (base := await asyncio.shield(self._workspace)) is not None:
