@@ -72,10 +72,15 @@ class Run:
     work: Path
     model: FakeAnthropic
 
-    async def finished(self) -> dict[str, Any]:
-        """Claude Code's JSON result, once it exits (which it must, in time, with 0)."""
+    async def exited(self) -> tuple[int | None, str, str]:
+        """Its exit status and output, once it exits (which it must, in time)."""
         out, err = await asyncio.wait_for(self.process.communicate(), DEADLINE)
-        assert self.process.returncode == 0, err.decode()
+        return self.process.returncode, out.decode(), err.decode()
+
+    async def finished(self) -> dict[str, Any]:
+        """Claude Code's JSON result, once it exits with 0."""
+        status, out, err = await self.exited()
+        assert status == 0, err
         result: dict[str, Any] = json.loads(out)
         return result
 
@@ -203,6 +208,16 @@ async def test_when_claude_code_stops_waiting_nothing_runs(
     assert not (run.work / "greenlight.txt").exists()
     [given] = run.results()
     assert given["is_error"] and "timed out" in anthropic.result_text(given)
+
+
+async def test_a_wrong_key_stops_claude_code_and_nothing_runs(
+    claude: ClaudeCode, fake_slack: FakeSlack
+) -> None:
+    run = await claude.start(calls_once("Bash", WRITE), GREENLIGHT_KEY="glk_" + "x" * 30)
+    status, _, err = await run.exited()
+    assert status == 1 and f"MCP tool {PROMPT_TOOL} (passed via" in err, err
+    assert not (run.work / "greenlight.txt").exists()
+    assert fake_slack.calls_to("chat.postMessage") == []
 
 
 async def test_a_greenlight_tool_is_asked_for_once_with_allowed_tools(
