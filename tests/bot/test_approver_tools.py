@@ -374,6 +374,27 @@ async def test_approve_for_an_hour_runs_the_next_call_in_the_thread_without_a_ca
     assert (grant.actor, grant.approval_id) == (ALICE, first.id)
 
 
+async def test_calls_under_a_standing_approval_are_counted_in_the_metrics(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """Each covered call is a decision of its own (`standing`, no card, no wait) and an
+    approved call that ran; the grant is the one `approved`."""
+    from tests.bot.test_metrics import scrape
+
+    thread, _ = await granted(client, fake_slack, gemini, team, service)
+    for then in ("Sent 20.", "Sent 20 again."):
+        await message(client, gemini, team, SMALL, thread=thread, then=then)
+        await said(fake_slack, then)
+        await settle(service)
+    assert len(ledger_tools.entries()) == 3 and len(cards(fake_slack)) == 1
+    counted = await scrape(client)
+    decisions, tool = "greenlight_decisions_total", "transferMoney"
+    assert counted.value(decisions, tool=tool, outcome="approved") == 1  # the grant
+    assert counted.value(decisions, tool=tool, outcome="standing") == 2
+    assert counted.value("greenlight_decision_seconds_count", outcome="standing") == 2
+    assert counted.value("greenlight_tool_executions_total", tool=tool, outcome="ok") == 3
+
+
 @pytest.mark.parametrize("policy", [RULES])
 @pytest.mark.parametrize("other", ["thread", "requester", "rule"])
 async def test_a_call_elsewhere_by_someone_else_or_under_another_rule_gets_a_card(
