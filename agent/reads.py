@@ -1,4 +1,5 @@
-"""Reads for the transports: inbox, pending, own requests, audit pages, a request's conversation.
+"""Reads for the transports: inbox, pending, own requests, revocable standing approvals,
+audit pages, a request's conversation.
 
 None of them changes a request; a look at the conversation behind one is audited.
 """
@@ -15,7 +16,7 @@ from agent.outcomes import DecisionRefused
 from agent.policy import PolicyService
 from agent.runtime import AgentRuntime
 from storage.approval_store import ApprovalStore
-from storage.domain import Approval, AuditEntry
+from storage.domain import Approval, Approved, AuditEntry
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,26 @@ class Reads:
             except DecisionRefused:
                 continue
             mine.append(approval)
+        return tuple(mine)
+
+    async def revocable(
+        self, team_id: str, person: str, facts: Facts, *, scan: int
+    ) -> tuple[Approval, ...]:
+        """The live standing approvals `person` may revoke, soonest over first, among the
+        `scan` soonest over: those they granted, and those of requests they may decide under
+        their tool's policy now (agent/standing.py `revoke`, which checks again; an admin who
+        is neither revokes from the card)."""
+        policies = {p.tool: p for p in await self.policies.all(team_id)}
+        mine = []
+        for grant in await self.store.reads.live_grants(team_id, now=self.clock(), limit=scan):
+            if not (isinstance(grant.decision, Approved) and grant.decision.by == person):
+                r = grant.request
+                policy = policies.get(r.tool) or self.policies.of(r.tool, None)
+                try:
+                    await check_eligible(for_version(policy, grant), grant, person, facts)
+                except DecisionRefused:
+                    continue
+            mine.append(grant)
         return tuple(mine)
 
     async def requested_by(self, team_id: str, person: str, *, limit: int) -> tuple[Approval, ...]:

@@ -395,6 +395,53 @@ async def test_calls_under_a_standing_approval_are_counted_in_the_metrics(
     assert counted.value("greenlight_tool_executions_total", tool=tool, outcome="ok") == 3
 
 
+async def test_revoke_from_the_home_of_an_approver_redraws_the_card_and_the_homes(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """The card's Revoke is on the Home of whoever may revoke it (its approver, and the
+    tool's other approvers), through the same listener and the same refusals."""
+    from tests.bot.test_home import buttons, open_home, shown
+    from tests.bot.test_home import press as press_home
+
+    thread, card = await granted(client, fake_slack, gemini, team, service)
+    grant = button_value(card, "revoke_standing")
+    alices, bobs = await open_home(client, team, ALICE), await open_home(client, team, BOB)
+    for view in (alices, bobs):
+        assert [v for _, v in buttons(view, "revoke_standing")] == [grant]
+        assert "Standing approvals you may revoke" in shown(view)
+        assert "0 more calls ran under this approval (granted by <@UBOSS>)" in shown(view)
+    for nobody in (REQUESTER, "UOUTSIDE"):  # its requester; no approver of the tool
+        view = await open_home(client, team, nobody)
+        assert buttons(view, "revoke_standing") == [] and "Standing approvals" not in shown(view)
+
+    # A forged Revoke from the requester's Home: refused there, nothing changes.
+    mine = client.slack.homes[REQUESTER][-1]
+    forged = sp.view_block_actions(team, REQUESTER, mine, "revoke_standing", grant)
+    assert (await client.send(forged))[0] == 200
+    await poll(lambda: "⚠️" in shown(fake_slack.homes[REQUESTER][-1]), "the refusal")
+    assert "Only the approver who granted" in shown(fake_slack.homes[REQUESTER][-1])
+    await settle(service)
+    assert service.deps is not None
+    still = await service.deps.workflow.reads.approval(team, grant)
+    assert still is not None and still.standing is not None and still.standing.revoked_at is None
+
+    await press_home(client, team, BOB, bobs, "revoke_standing", grant)
+    (revoked,) = await fake_slack.wait_for(
+        "chat.update", predicate=decided_card("Revoked by <@UCFO>")
+    )
+    assert "revoke_standing" not in json.dumps(revoked.args["blocks"])
+
+    def redrawn(user: str) -> bool:
+        return buttons(fake_slack.homes[user][-1], "revoke_standing") == []
+
+    await poll(lambda: redrawn(ALICE) and redrawn(BOB), "both Homes without the Revoke")
+    await settle(service)
+    _, next_card = await asked(client, fake_slack, gemini, team, SMALL, thread=thread)
+    assert "Approval needed" in text_of(next_card)
+    await settle(service)
+    assert len(ledger_tools.entries()) == 1
+
+
 @pytest.mark.parametrize("policy", [RULES])
 @pytest.mark.parametrize("other", ["thread", "requester", "rule"])
 async def test_a_call_elsewhere_by_someone_else_or_under_another_rule_gets_a_card(
