@@ -43,6 +43,7 @@ SMALL = {"amount": 20, "toAccount": "ACC-2"}
 STANDING = "tools:\n  transferMoney:\n    standing: 1h\n"
 NOTE_REQUIRED = "tools:\n  transferMoney:\n    note: required\n"
 QUORUM = "tools:\n  transferMoney:\n    approvals: 2\n"
+ONE_RULE = "    rules:\n      - when: 'true'\n"  # so that `/approvals rules` lists one
 # A rule that changes where nothing goes still is another rule; one that needs two approvers
 # makes the calls it matches offer no standing approval.
 RULES = (
@@ -400,8 +401,7 @@ async def test_revoke_from_the_home_of_an_approver_redraws_the_card_and_the_home
 ) -> None:
     """The card's Revoke is on the Home of whoever may revoke it (its approver, and the
     tool's other approvers), through the same listener and the same refusals."""
-    from tests.bot.test_home import buttons, open_home, shown
-    from tests.bot.test_home import press as press_home
+    from tests.bot.test_home import buttons, open_home, press as press_home, shown
 
     thread, card = await granted(client, fake_slack, gemini, team, service)
     grant = button_value(card, "revoke_standing")
@@ -516,6 +516,31 @@ async def test_list_and_explain_say_what_a_standing_approval_offers(
         team, "UANYONE", 'explain transferMoney {"amount": 50000, "toAccount": "ACC-1"}'
     )
     assert "Needs 2 approvals" in huge and "Approve for" not in huge
+
+
+@pytest.mark.parametrize(
+    ("policy", "says", "not_"),
+    [
+        (RULES, "standing approvals of 1 h", "an Approve takes a note"),
+        (NOTE_REQUIRED + ONE_RULE, "an Approve takes a note", "standing"),
+    ],
+)
+async def test_rules_and_the_admins_home_show_a_tools_note_and_standing_settings(
+    client: SlackClient, team: str, service: Service, says: str, not_: str
+) -> None:
+    """`/approvals rules <tool>` heads its rules with the tool's policy line, as `list` and
+    the admins' Home show it: whether an Approve takes a note, what standing approval the
+    card offers."""
+    from tests.bot.conftest import ADMIN
+    from tests.bot.test_home import open_home
+
+    _, listed = await client.command(team, "UANYONE", "list")
+    _, rules = await client.command(team, "UANYONE", "rules transferMoney")
+    view = await open_home(client, team, ADMIN)
+    home = "\n".join(b["text"]["text"] for b in view["blocks"] if b["type"] == "section")
+    for answer in (listed, rules, home):
+        [line] = [x for x in answer.split("\n") if "`transferMoney` —" in x]
+        assert says in line and not_ not in line, line
 
 
 @pytest.mark.parametrize("policy", [RULES])
