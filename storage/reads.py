@@ -29,9 +29,10 @@ _PERSON: sa.BindParameter[str] = sa.bindparam("person", type_=sa.String())
 INBOX = PENDING.where(A.c.requester != _PERSON)
 _GOES_ON = (ApprovalState.PENDING, ApprovalState.APPROVED, ApprovalState.ANSWERED)
 REQUESTED = LOCATED.where(TEAM, A.c.requester == _PERSON, A.c.status.in_(_GOES_ON), OPEN)
-# Standing approvals live now, soonest over first (the Home's Revoke, bot/home.py), found by
-# ix_approvals_status_expiry: a grant is made before its request's deadline and lasts at
-# most STANDING_MAX, so a live one's request expires after `since` (now - STANDING_MAX).
+# Standing approvals live now, soonest over first (the Home's Revoke, bot/home.py). No index
+# of its own: a grant is made before its request's deadline and lasts at most STANDING_MAX,
+# so a live one's request expires after `since` (now - STANDING_MAX), which bounds a scan of
+# ix_approvals_status_expiry (or the planner takes ix_approvals_requester's team prefix).
 LIVE_GRANTS = (
     LOCATED.where(
         TEAM,
