@@ -245,9 +245,13 @@ def standing_blocks(a: Approval, now: datetime) -> list[Block]:
         state = f"Standing approval over: its time ran out at {date(g.until)}"
     out = [section(f"{state}.\n{calls_ran(g.uses)}.")]
     if g.live(now):
-        revoke = button("Revoke", "revoke_standing", a.id, "danger")
-        out.append({"type": "actions", "block_id": "standing", "elements": [revoke]})
+        out.append({"type": "actions", "block_id": "standing", "elements": [revoke_button(a)]})
     return out
+
+
+def revoke_button(a: Approval) -> Block:
+    """What ends a live standing approval, on its card and on the Home tab."""
+    return button("Revoke", "revoke_standing", a.id, "danger")
 
 
 def decision_text(a: Approval) -> str:

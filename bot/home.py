@@ -1,5 +1,5 @@
-"""The App Home tab: each person's inbox, own requests and (for admins) the policy, kept
-fresh as approvals change.
+"""The App Home tab: each person's inbox, standing approvals to revoke, own requests and (for
+admins) the policy, kept fresh as approvals change.
 
 Published per person with views.publish. Its buttons are the approval card's own (the same
 action ids and values, bot/card.py), so a decision made here goes through the very
@@ -28,22 +28,24 @@ from bot.block_kit import (
     chunks,
     code,
     context,
+    date,
     link,
     mention,
     section,
     summary,
     utc,
 )
-from bot.card import answer_button, decision_buttons, quorum_text
+from bot.card import answer_button, calls_ran, decision_buttons, quorum_text, revoke_button
 from bot.people import People
 from bot.safe_text import fit
-from storage.domain import Approval, Thread
+from storage.domain import Approval, Approved, Thread
 
 log = logging.getLogger(__name__)
 
 ITEMS = 10  # per list; the rest are counted ("and 4 more")
 INBOX_SCAN = 100  # oldest pending requests looked at for one person's inbox
 OWN_SCAN = 50  # of one person's own open requests
+GRANTS_SCAN = 50  # live standing approvals looked at for one person's Revoke buttons
 DEBOUNCE = 1.5  # seconds: changes within it publish a person's Home once
 KEPT = 10_000  # people whose Home this process remembers; the least recent are forgotten
 RECENT = 15 * 60.0  # seconds: a Home opened longer ago is not refreshed (it is on reopening)
@@ -87,6 +89,23 @@ def inbox_item(a: Approval, *, card_link: str | None, editable: bool) -> list[Bl
     ]
 
 
+def standing_item(a: Approval, *, card_link: str | None) -> list[Block]:
+    """One live standing approval its reader may end: tool, requester, until when, how many
+    calls ran under it; the card's Revoke."""
+    r, g = a.request, a.standing
+    assert g is not None
+    line = f"{code(r.tool)} for {mention(r.requester)}  ·  until {date(g.until)}"
+    if shown := link(card_link, "open the card"):
+        line += f"  ·  {shown}"
+    line += f"\n{calls_ran(g.uses)}"
+    if isinstance(a.decision, Approved):
+        line += f" (granted by {mention(a.decision.by)})"
+    return [
+        section(line),
+        {"type": "actions", "block_id": f"home-standing:{a.id}", "elements": [revoke_button(a)]},
+    ]
+
+
 def status(a: Approval, turn_waits: bool) -> str:
     """Where one's own request is: waiting, how many approved, asked, or running."""
     r = a.request
@@ -127,6 +146,7 @@ def home_view(
     *,
     inbox: Sequence[Approval],
     own: Sequence[Approval],
+    grants: Sequence[Approval] = (),
     card_links: Mapping[str, str | None],
     thread_links: Mapping[str, str | None],
     editable: Callable[[str], bool],
@@ -144,6 +164,16 @@ def home_view(
         out.append(context("_Nothing waits for your decision._"))
     if more := _more(ITEMS, len(inbox), INBOX_SCAN):
         out.append(more)
+    if grants:
+        title = "Standing approvals you may revoke"
+        out += [
+            {"type": "divider"},
+            {"type": "header", "text": {"type": "plain_text", "text": title}},
+        ]
+        for a in grants[:ITEMS]:
+            out += standing_item(a, card_link=card_links.get(a.id))
+        if len(grants) > ITEMS:
+            out.append(context(f"…and {len(grants) - ITEMS} more — on their cards"))
     out += [
         {"type": "divider"},
         {"type": "header", "text": {"type": "plain_text", "text": "Your requests"}},
@@ -232,12 +262,13 @@ class HomeTabs:
     async def _publish(self, client: AsyncWebClient, team: str, user: str) -> None:
         facts = self._people.deciding(client, user, clicked_in=None, home=True)
         inbox = await self._workflow.reads.inbox(team, user, facts, scan=INBOX_SCAN)
+        grants = await self._workflow.reads.revocable(team, user, facts, scan=GRANTS_SCAN)
         own = await self._workflow.reads.requested_by(team, user, limit=OWN_SCAN)
         admin = await self._people.is_admin(client, user, team)
         policy = await self._summary(self._workflow, team) if admin else None
         cards = [
             (a.id, Thread("", a.card.channel, a.card.ts))
-            for a in inbox[:ITEMS]
+            for a in (*inbox[:ITEMS], *grants[:ITEMS])
             if a.card and a.card.ts
         ]
         threads = [(a.id, a.thread) for a in own[:ITEMS]]
@@ -247,6 +278,7 @@ class HomeTabs:
         view = home_view(
             inbox=inbox,
             own=own,
+            grants=grants,
             card_links=card_links,
             thread_links=thread_links,
             editable=lambda tool: self._workflow.runtime.edit_form(tool) is not None,
@@ -258,7 +290,9 @@ class HomeTabs:
         except SlackApiError as exc:
             log.warning("could not publish the Home of %s: %s", user, exc.response.get("error"))
             return
-        self._remember((team, user), {a.id for a in (*inbox[:ITEMS], *own[:ITEMS])})
+        self._remember(
+            (team, user), {a.id for a in (*inbox[:ITEMS], *grants[:ITEMS], *own[:ITEMS])}
+        )
 
     def _remember(self, key: Key, ids: set[str]) -> None:
         self._forget(key)

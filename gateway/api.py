@@ -194,8 +194,12 @@ _STATUS = {
         "decided_by": {"type": ["string", "null"]},
         "reason": {"type": ["string", "null"]},
         "input": {"type": "object"},
+        "note": {
+            "type": ["string", "null"],
+            "description": "the approver's note to the agent (Approve with note), else null",
+        },
     },
-    "required": ["id", "status", "decided_by", "reason", "input"],
+    "required": ["id", "status", "decided_by", "reason", "input", "note"],
 }
 
 

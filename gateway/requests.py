@@ -10,6 +10,7 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
+from agent.gate import note_of
 from agent.keys import ApiKey
 from gateway.asking import Caller
 from gateway.calls import Gateway
@@ -47,7 +48,17 @@ def shown(approval: Approval) -> dict[str, Any]:
         "decided_by": getattr(decision, "by", None),
         "reason": getattr(decision, "reason", None),
         "input": approval.edit.input if approval.edit else approval.request.input,
+        "note": note_shown(approval),
     }
+
+
+def note_shown(approval: Approval) -> str | None:
+    """The approvers' note (Approve with note, or a note with Edit & approve) as Greenlight's
+    own agent would get it (agent/gate.py `note_of`); None when they left none. A request
+    policy allowed has none: its decision's reason says why it was allowed, not a note."""
+    if getattr(approval.decision, "by", None) == ALLOWED_BY:
+        return None
+    return note_of(approval).get("note")
 
 
 class Requests:
