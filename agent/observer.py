@@ -15,11 +15,20 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar, assert_never
 
 from agent.outcomes import AnsweredInThread, AwaitingApproval, Busy, Failed, Reply, Resumed
-from storage.domain import Answered, Approval, Approved, Denied, Expired, Finished, Started
+from storage.domain import (
+    Answered,
+    Approval,
+    Approved,
+    Denied,
+    Expired,
+    Finished,
+    Started,
+    Withdrawn,
+)
 
 # How an approval (or a question) was settled: an approver's Approve or Deny, the deadline,
-# or the answer a question got.
-DecisionOutcome = Literal["approved", "denied", "expired", "answered"]
+# the answer a question got, or the requester's Withdraw.
+DecisionOutcome = Literal["approved", "denied", "expired", "answered", "withdrawn"]
 # How an approved call ended: its output (`error`: it raised, or answered {"ok": false}), or
 # never recorded (the process died running it, or it ran past its time: storage/domain.py's
 # Started).
@@ -84,6 +93,8 @@ class Watch:
                 outcome = "expired"
             case Answered():
                 outcome = "answered"
+            case Withdrawn():
+                outcome = "withdrawn"
             case unreachable:
                 assert_never(unreachable)
         r = approval.request

@@ -109,7 +109,12 @@ def initialize_client(message: Any) -> str | None:
 def _result(outcome: Outcome) -> types.CallToolResult:
     """The call's result as MCP has it: the output as JSON text (and structured when it is
     an object); or an error result saying why nothing ran."""
-    if outcome.error is not None and outcome.status in ("denied", "expired", "unknown"):
+    if outcome.error is not None and outcome.status in (
+        "denied",
+        "expired",
+        "withdrawn",
+        "unknown",
+    ):
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=outcome.error)], is_error=True
         )
