@@ -287,7 +287,8 @@ def decision_text(a: Approval) -> str:
         case Answered(by=by, at=at, answer=answer):
             return f"💬 Answered by {mention(by)} at {date(at)}:\n{quote(said_of(answer))}"
         case Withdrawn(by=by, at=at):
-            return f"↩️ Withdrawn by {mention(by)}, who asked for it, at {date(at)} — nothing runs"
+            line = f"↩️ Withdrawn by {mention(by)}, who asked for it, at {date(at)}"
+            return line + " — the request was withdrawn, so nothing runs"
         case None:
             return "Waiting for a decision."
 

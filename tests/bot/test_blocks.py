@@ -260,7 +260,7 @@ def test_decided_states_have_no_buttons() -> None:
     assert "denied automatically" in expired["blocks"][-1]["text"]["text"]
     withdrawn = render(decided("withdrawn"))
     assert withdrawn["blocks"][0]["text"]["text"] == "Withdrawn: send_payment"
-    assert withdrawn["blocks"][-1]["text"]["text"].endswith("— nothing runs")
+    assert withdrawn["blocks"][-1]["text"]["text"].endswith("was withdrawn, so nothing runs")
 
 
 def test_execution_state_on_approved_card() -> None:
