@@ -3,7 +3,8 @@ fresh as approvals change.
 
 Published per person with views.publish. Its buttons are the approval card's own (the same
 action ids and values, bot/card.py), so a decision made here goes through the very
-listeners, rules and writes a card's does (bot/listeners/actions.py). Which Home shows
+listeners, rules and writes a card's does (bot/listeners/actions.py); and on one's own
+requests, the Withdraw of the note in their thread, likewise. Which Home shows
 what is remembered per process, boundedly: a replica refreshes only the Homes it published.
 """
 
