@@ -1,4 +1,5 @@
-"""Decisions: Approve (a vote, or the approval), Deny, Edit & approve, answers; each once.
+"""Decisions: Approve (a vote, or the approval), Deny, Edit & approve, answers, the
+requester's Withdraw; each once.
 
 Each checks who may decide (agent/eligibility.py) and that the request is still open, then
 is one conditional write (storage/decisions.py): of two clicks exactly one takes, and the
@@ -23,7 +24,7 @@ from agent.prompt_edits import is_prompt, prompt_edited
 from agent.questions import form_errors
 from agent.runtime import AgentRuntime
 from storage.approval_store import ApprovalStore
-from storage.domain import Answered, Approval, Approved, Denied, Edit
+from storage.domain import Answered, Approval, Approved, Denied, Edit, Withdrawn
 from storage.lifecycle import IllegalTransition, Requirement
 from storage.policy_spec import StoredPolicy
 
@@ -134,6 +135,27 @@ class Decisions:
             raise DecisionRefused("note_required", approval)
         decision = Approved(approver, now, reason) if approve else Denied(approver, now, reason)
         return await self._record(approval, decision, seen=seen)
+
+    async def withdraw(self, team_id: str, approval_id: str, person: str) -> Decided:
+        """The requester takes back a request that waits (Withdraw, or the approvals API's
+        DELETE): it ends withdrawn, nothing runs, and once its turn resumes the model is
+        told so. DecisionRefused (nothing changes) for anyone else ("not_theirs"), for a
+        question, and for a request already settled (or past its deadline: it expires)."""
+        approval, _ = await self._open(team_id, approval_id)
+        if approval.request.question:
+            raise DecisionRefused("a_question", approval)
+        if person != approval.request.requester:
+            raise DecisionRefused("not_theirs", approval)
+        if approval.decision is not None:
+            raise DecisionRefused("already_decided", approval)
+        try:
+            done, others_pending = await self.store.decisions.withdraw(
+                approval, Withdrawn(person, self.clock())
+            )
+        except IllegalTransition as refused:
+            raise await self._refused(refused, approval) from None
+        self.watch.settled(done)
+        return Decided(done, turn_ready=others_pending == 0)
 
     async def approve_with_changes(
         self,

@@ -38,10 +38,13 @@ from storage.domain import (
     ReminderState,
     Request,
     Thread,
+    Withdrawn,
 )
 from storage.reads import ReadStore
 
 HISTORY_DAYS = 30  # how far back a card counts the requester's earlier requests
+# Why a call its requester withdrew did not run: the model gets it as a denial's error.
+WITHDRAWN = "withdrawn by the requester"
 
 
 @dataclass(frozen=True)
@@ -193,6 +196,8 @@ def resume_parts(
                 respond.append(intr.respond({"ok": False, "error": error}))
             case Expired():
                 respond.append(intr.respond({"ok": False, "error": "approval expired"}))
+            case Withdrawn():
+                respond.append(intr.respond({"ok": False, "error": WITHDRAWN}))
             case Answered():
                 raise ValueError(f"approval {approval.id} asked no question, yet was answered")
             case None:

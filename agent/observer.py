@@ -16,12 +16,21 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar, assert_never
 
 from agent.outcomes import AnsweredInThread, AwaitingApproval, Busy, Failed, Reply, Resumed
-from storage.domain import Answered, Approval, Approved, Denied, Expired, Finished, Started
+from storage.domain import (
+    Answered,
+    Approval,
+    Approved,
+    Denied,
+    Expired,
+    Finished,
+    Started,
+    Withdrawn,
+)
 
 # How an approval (or a question) was settled: an approver's Approve or Deny, the deadline,
-# the answer a question got, or a standing approval that approved the call as it was made
-# (agent/standing.py: no card, no wait).
-DecisionOutcome = Literal["approved", "denied", "expired", "answered", "standing"]
+# the answer a question got, the requester's Withdraw, or a standing approval that approved
+# the call as it was made (agent/standing.py: no card, no wait).
+DecisionOutcome = Literal["approved", "denied", "expired", "answered", "withdrawn", "standing"]
 # How an approved call ended: its output (`error`: it raised, or answered {"ok": false}), or
 # never recorded (the process died running it, or it ran past its time: storage/domain.py's
 # Started).
@@ -86,6 +95,8 @@ class Watch:
                 outcome = "expired"
             case Answered():
                 outcome = "answered"
+            case Withdrawn():
+                outcome = "withdrawn"
             case unreachable:
                 assert_never(unreachable)
         r = approval.request

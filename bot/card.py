@@ -46,6 +46,7 @@ from storage.domain import (
     Request,
     Source,
     Started,
+    Withdrawn,
 )
 
 FIELDS_MAX = 10
@@ -98,6 +99,20 @@ def span(duration: timedelta) -> str:
 def answer_button(a: Approval) -> Block:
     """What answers a question, on its card and on the Home tab."""
     return button("Answer", "answer", a.id, "primary")
+
+
+def withdraw_button(a: Approval) -> Block:
+    """What takes a waiting request back, for its requester alone: on the note in their
+    thread and on their Home tab. Slack asks them to confirm first: it cannot be undone."""
+    tool = a.request.tool[:120]  # plain text: nothing in it is markup
+    return button("Withdraw", "withdraw", a.id) | {
+        "confirm": {
+            "title": {"type": "plain_text", "text": "Withdraw this request?"},
+            "text": {"type": "plain_text", "text": f"{tool} will not run; the agent is told."},
+            "confirm": {"type": "plain_text", "text": "Withdraw"},
+            "deny": {"type": "plain_text", "text": "Keep waiting"},
+        }
+    }
 
 
 def origin_notes(key: str, sources: Mapping[str, Source]) -> list[str]:
@@ -275,6 +290,9 @@ def decision_text(a: Approval) -> str:
             return f"⌛ Expired at {date(at)} — the request was denied automatically"
         case Answered(by=by, at=at, answer=answer):
             return f"💬 Answered by {mention(by)} at {date(at)}:\n{quote(said_of(answer))}"
+        case Withdrawn(by=by, at=at):
+            line = f"↩️ Withdrawn by {mention(by)}, who asked for it, at {date(at)}"
+            return line + " — the request was withdrawn, so nothing runs"
         case None:
             return "Waiting for a decision."
 

@@ -3,7 +3,8 @@ admins) the policy, kept fresh as approvals change.
 
 Published per person with views.publish. Its buttons are the approval card's own (the same
 action ids and values, bot/card.py), so a decision made here goes through the very
-listeners, rules and writes a card's does (bot/listeners/actions.py). Which Home shows
+listeners, rules and writes a card's does (bot/listeners/actions.py); and on one's own
+requests, the Withdraw of the note in their thread, likewise. Which Home shows
 what is remembered per process, boundedly: a replica refreshes only the Homes it published.
 """
 
@@ -35,9 +36,16 @@ from bot.block_kit import (
     summary,
     utc,
 )
-from bot.card import answer_button, calls_ran, decision_buttons, quorum_text, revoke_button
+from bot.card import (
+    answer_button,
+    calls_ran,
+    decision_buttons,
+    quorum_text,
+    revoke_button,
+    withdraw_button,
+)
 from bot.people import People
-from bot.safe_text import fit
+from bot.safe_text import escape, fit
 from storage.domain import Approval, Approved, Thread
 
 log = logging.getLogger(__name__)
@@ -121,10 +129,15 @@ def status(a: Approval, turn_waits: bool) -> str:
 
 
 def own_item(a: Approval, *, thread_link: str | None, turn_waits: bool) -> Block:
-    r = a.request
+    """One of the person's own requests: where it is, and while it waits, theirs to answer
+    (a question to them) or to withdraw (a request for approval). `thread_link`: its thread,
+    or for a gateway request (no thread behind it), its card."""
+    r, via = a.request, a.request.context.via
     line = f"{code(r.tool)}  ·  asked {_ago(r.requested_at)}  ·  *{status(a, turn_waits)}*"
-    if shown := link(thread_link, "the thread"):
+    if shown := link(thread_link, "the thread" if via is None else "the card"):
         line += f"  ·  {shown}"
+    if via is not None:
+        line += f"  ·  through key `{escape(via.key)}`"
     if (asked := _question(a)) is not None:
         line += f"\n{asked}"
     elif taste := summary(a.current.input):  # what will run, edits included
@@ -132,7 +145,16 @@ def own_item(a: Approval, *, thread_link: str | None, turn_waits: bool) -> Block
     item = section(line)
     if r.asks == "requester" and a.decision is None:  # theirs to answer, here too
         item["accessory"] = answer_button(a)
+    elif not r.question and a.decision is None:  # theirs to take back
+        item["accessory"] = withdraw_button(a)
     return item
+
+
+def _where(a: Approval) -> Thread | None:
+    """Where one's own request is seen: its thread, or a gateway request's card."""
+    if a.request.context.via is None:
+        return a.thread
+    return Thread("", a.card.channel, a.card.ts) if a.card and a.card.ts else None
 
 
 def _more(shown: int, found: int, scanned: int) -> Block | None:
@@ -271,7 +293,7 @@ class HomeTabs:
             for a in (*inbox[:ITEMS], *grants[:ITEMS])
             if a.card and a.card.ts
         ]
-        threads = [(a.id, a.thread) for a in own[:ITEMS]]
+        threads = [(a.id, t) for a in own[:ITEMS] if (t := _where(a)) is not None]
         found = await asyncio.gather(*(self._links(client, t) for _, t in (*cards, *threads)))
         card_links = dict(zip([i for i, _ in cards], found[: len(cards)], strict=True))
         thread_links = dict(zip([i for i, _ in threads], found[len(cards) :], strict=True))

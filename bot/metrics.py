@@ -39,7 +39,7 @@ class Metrics(Observer):
         self._decisions = Counter(
             "greenlight_decisions_total",
             "Requests settled, by tool and outcome (approved, denied, expired, answered, "
-            "standing: approved by a standing approval as it was made)",
+            "withdrawn, standing: approved by a standing approval as it was made)",
             ["tool", "outcome"],
             registry=registry,
         )

@@ -113,7 +113,12 @@ def _result(outcome: Outcome) -> types.CallToolResult:
     wrapped, `{"output": …}`, when there is more to say: the approver's changes
     (`approved_with_changes`) and note (`note`: the caller's model reads it, as Greenlight's
     own agent does, agent/gate.py)."""
-    if outcome.error is not None and outcome.status in ("denied", "expired", "unknown"):
+    if outcome.error is not None and outcome.status in (
+        "denied",
+        "expired",
+        "withdrawn",
+        "unknown",
+    ):
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=outcome.error)], is_error=True
         )

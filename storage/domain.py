@@ -20,6 +20,7 @@ class ApprovalState(enum.StrEnum):
     DENIED = "denied"
     EXPIRED = "expired"
     ANSWERED = "answered"  # a question's (an interrupt that asks a person for input)
+    WITHDRAWN = "withdrawn"  # by its requester, while it waited
 
 
 class ExecutionState(enum.StrEnum):
@@ -199,7 +200,16 @@ class Answered:
     answer: Any  # free text, or an object of the form the question's tool gives
 
 
-Decision = Approved | Denied | Expired | Answered
+@dataclass(frozen=True)
+class Withdrawn:
+    """The requester took the request back while it waited (Withdraw; the approvals API's
+    DELETE): nothing runs, and the agent is told."""
+
+    by: str  # the requester: nobody else may withdraw it
+    at: datetime
+
+
+Decision = Approved | Denied | Expired | Answered | Withdrawn
 
 
 @dataclass(frozen=True)
@@ -352,6 +362,8 @@ class Approval:
                 return ApprovalState.EXPIRED
             case Answered():
                 return ApprovalState.ANSWERED
+            case Withdrawn():
+                return ApprovalState.WITHDRAWN
 
     @property
     def execution_state(self) -> ExecutionState:
@@ -414,4 +426,6 @@ RefusalReason = (
     # Approve with no note where the tool's policy needs one; Approve for <duration> where
     # its policy (now) offers no standing approval; a Revoke of one that is over.
     | Literal["note_required", "no_standing", "standing_over"]
+    # A Withdraw by anyone but the request's requester.
+    | Literal["not_theirs"]
 )

@@ -8,6 +8,7 @@ Approval, its Request, Decision, Execution, Version) are storage/domain.py's.
 
 States
     approval   pending -> approved | denied | expired      decided once, never changed
+               pending -> withdrawn                         by its requester (WITHDRAW)
                pending -> answered | expired                a question: answered once
                pending -> pending (EDIT)                    a new version: earlier votes reset
     execution  not_started -> started -> finished           of an approved call only
@@ -29,7 +30,9 @@ Why an approved call runs at most once
        decision after the deadline changes nothing; EXPIRE takes the approval instead.
        A request that needs several approvers counts their VOTEs in the same write: the
        one that completes the quorum APPROVEs, once; nobody approves twice; one DENY ends
-       it.
+       it. A WITHDRAW by the request's requester (and nobody else) ends it too, in
+       the same kind of write: an Approve after it finds nothing pending, and the model
+       is told "withdrawn by the requester" as it would be told of a denial.
     2. A turn is resumed only by whoever CLAIMs it, and only once no approval of it is
        pending: one resume answers every interrupt (Genkit fails a partial one after
        running the approved tools in it). A claim holds a short lease, RENEWed while the
@@ -73,6 +76,7 @@ Versions: what is approved is what runs
     EDIT (quorum, changes)      creates v+1      only the editor's, v+1  -
     Edit & approve, no change   names v          a VOTE or APPROVE of v  (as above)
     DENY                        names v          -                       nothing
+    WITHDRAW (the requester)    any              -                       nothing
     START_EXECUTION             the approved v   -                       v, once (SAME_VERSION)
 
     A decision naming an older version matches no row and changes nothing (the approver is
@@ -175,6 +179,7 @@ class Requirement(enum.StrEnum):
     QUORUM_MET = "this approval completes the approvals needed"
     QUORUM_SHORT = "more approvals are needed after this one"
     STILL_PENDING = "the approval is still pending"
+    BY_REQUESTER = "the person is the request's requester"
     REMINDER_DUE = "the reminder's time has come"
     ESCALATION_DUE = "the escalation's time has come"
     POST_RAN_OUT = "the last attempt to post the card is older than its grace"
@@ -276,6 +281,17 @@ DENY = Transition(
     A.DENIED,
     requires=(R.ASKS_APPROVAL, R.AS_SEEN, R.BEFORE_DEADLINE),
     audit=Audit("denied", "decider", ("input", "edited", "reason")),
+)
+# The requester takes back a request that waits (Withdraw, or the approvals API's DELETE):
+# it ends there, nothing runs, and the model is told so. Nobody else may; a click after the
+# deadline changes nothing (EXPIRE takes it), as for a decision.
+WITHDRAW = Transition(
+    "withdraw",
+    Subject.APPROVAL,
+    {A.PENDING: ()},
+    A.WITHDRAWN,
+    requires=(R.ASKS_APPROVAL, R.BY_REQUESTER, R.BEFORE_DEADLINE),
+    audit=Audit("withdrawn", "requester", ("input", "edited")),
 )
 # A question is answered, once, by a person it asks (the requester, or an approver).
 ANSWER = Transition(
@@ -394,6 +410,7 @@ TRANSITIONS = (
     APPROVE,
     EDIT,
     DENY,
+    WITHDRAW,
     ANSWER,
     EXPIRE,
     START_EXECUTION,

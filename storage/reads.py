@@ -24,11 +24,17 @@ from storage.transitions import NOW, A, T
 PENDING = LOCATED.where(TEAM, A.c.status == ApprovalState.PENDING)
 _PERSON: sa.BindParameter[str] = sa.bindparam("person", type_=sa.String())
 # The Home tab (bot/home.py), each bounded by a LIMIT: others' open requests, found by
-# ix_approvals_status_expiry; and a requester's own whose turn goes on, by
-# ix_approvals_requester (its (team_id, requester) prefix).
+# ix_approvals_status_expiry; and a requester's own still pending, or settled with their
+# turn going on, by ix_approvals_requester (its (team_id, requester) prefix). A gateway
+# request's turn is done from the start (storage/gateway_store.py): it is listed while it
+# is pending.
 INBOX = PENDING.where(A.c.requester != _PERSON)
-_GOES_ON = (ApprovalState.PENDING, ApprovalState.APPROVED, ApprovalState.ANSWERED)
-REQUESTED = LOCATED.where(TEAM, A.c.requester == _PERSON, A.c.status.in_(_GOES_ON), OPEN)
+_GOES_ON = (ApprovalState.APPROVED, ApprovalState.ANSWERED)
+REQUESTED = LOCATED.where(
+    TEAM,
+    A.c.requester == _PERSON,
+    sa.or_(A.c.status == ApprovalState.PENDING, sa.and_(A.c.status.in_(_GOES_ON), OPEN)),
+)
 # Standing approvals live now, soonest over first (the Home's Revoke, bot/home.py). No index
 # of its own: a grant is made before its request's deadline and lasts at most STANDING_MAX,
 # so a live one's request expires after `since` (now - STANDING_MAX), which bounds a scan of
@@ -50,7 +56,8 @@ PENDING_BY_TOOL = (
     .where(A.c.status == ApprovalState.PENDING)
     .group_by(A.c.tool)
 )
-# A requester's earlier requests for some tools, by how they ended.
+# A requester's earlier requests for some tools, by how they ended (History's outcomes).
+_ENDED = (ApprovalState.APPROVED, ApprovalState.DENIED, ApprovalState.EXPIRED)
 HISTORY = (
     sa.select(A.c.tool, A.c.status, sa.func.count())
     .where(
@@ -58,7 +65,7 @@ HISTORY = (
         A.c.requester == sa.bindparam("requester"),
         A.c.tool.in_(sa.bindparam("tools", expanding=True)),
         A.c.requested_at >= sa.bindparam("since"),
-        A.c.status != ApprovalState.PENDING,
+        A.c.status.in_(_ENDED),
     )
     .group_by(A.c.tool, A.c.status)
 )

@@ -44,6 +44,7 @@ from storage.domain import (
     Started,
     Thread,
     Vote,
+    Withdrawn,
 )
 from storage.lifecycle import (
     OPEN_TURN,
@@ -171,6 +172,8 @@ def audit_row(transition: Transition, approval: Approval, at: datetime) -> dict[
         case Approved(by=decider, reason=reason) | Denied(by=decider, reason=reason):
             pass
         case Answered(by=decider, answer=answer):
+            pass
+        case Withdrawn(by=decider):
             pass
     standing = approval.standing
     actor = {
@@ -305,6 +308,8 @@ def _decision(row: Mapping[Any, Any]) -> Decision | None:
             return Expired(at)
         case ApprovalState.ANSWERED:
             return Answered(by, at, row["answer"])
+        case ApprovalState.WITHDRAWN:
+            return Withdrawn(by, at)
 
 
 def _execution(row: Mapping[Any, Any]) -> Execution:

@@ -50,6 +50,7 @@ REQUIREMENTS: Mapping[Requirement, sa.ColumnElement[bool]] = {
     Requirement.QUORUM_MET: A.c.votes + 1 >= A.c.approvals_needed,
     Requirement.QUORUM_SHORT: A.c.votes + 1 < A.c.approvals_needed,
     Requirement.STILL_PENDING: A.c.status == ApprovalState.PENDING,
+    Requirement.BY_REQUESTER: A.c.requester == sa.bindparam("by"),
     Requirement.REMINDER_DUE: A.c.remind_at <= NOW,
     Requirement.ESCALATION_DUE: A.c.escalate_at <= NOW,
     Requirement.POST_RAN_OUT: A.c.card_attempted_at < sa.bindparam("card_stale"),
