@@ -260,6 +260,7 @@ async def test_delete_over_the_api_withdraws(
             "decided_by": REQUESTER,
             "reason": "withdrawn by the requester",
             "input": {"version": "2"},
+            "note": None,
         },
     )
     assert (await api.call("POST", f"/approvals/{made['id']}/start", token))[0] == 409
