@@ -177,6 +177,19 @@ def request_sections(r: Request, quotes: bool = True) -> list[Block]:
     return [section(f"{label}\n{quote(said)}") for said, label in words if said is not None]
 
 
+def hidden_text(r: Request) -> str | None:
+    """That the tool's policy hides part of the input (storage/redaction.py): which fields,
+    and what it means. None when nothing is hidden."""
+    if not r.secrets:
+        return None
+    names = ", ".join(code(escape(s.name)) for s in r.secrets[:10])
+    more = f" and {len(r.secrets) - 10} more" if len(r.secrets) > 10 else ""
+    return (
+        f"🔒 Hidden by the tool's policy: {names}{more} (shown as ••••, with its length). "
+        "The tool gets the value; nobody can change it; the audit trail keeps its SHA-256."
+    )
+
+
 def history_text(r: Request) -> str | None:
     """The requester's earlier requests for this tool, so an unusual one stands out."""
     h: History | None = r.context.history
@@ -308,6 +321,8 @@ def _call_blocks(a: Approval) -> list[Block]:
     r, v = a.request, a.current
     out, shortened = _input_blocks(v.input, v.sources)
     preview, preview_cut = _preview(v.preview)
+    if hidden := hidden_text(r):
+        out.append(context(hidden))
     if history := history_text(r):
         out.append(context(history))
     shows = [button("Show conversation", "show_conversation", a.id)]
