@@ -288,10 +288,21 @@ def decision_text(a: Approval) -> str:
             return "Waiting for a decision."
 
 
-def _requested_by(a: Approval, thread_link: str | None, description: str) -> Block:
-    """Who asked, who else took part, where, through which key; what the tool does."""
+OUTSIDERS = {
+    "guest": "⚠️ a guest of this workspace",
+    "external": "⚠️ of another organisation (Slack Connect)",
+}
+
+
+def _requested_by(
+    a: Approval, thread_link: str | None, description: str, requester: str | None = None
+) -> Block:
+    """Who asked (and whether they are a guest or of another organisation, `requester`),
+    who else took part, where, through which key; what the tool does."""
     r = a.request
     who = f"*Requested by* {mention(r.requester)}"
+    if requester in OUTSIDERS:
+        who += f", {OUTSIDERS[requester]}"
     if others := [p for p in dict.fromkeys(r.participants) if p != r.requester][:20]:
         who += f"  ·  also in the conversation: {', '.join(mention(p) for p in others)}"
     if shown := link(thread_link, "View the conversation"):
@@ -352,12 +363,14 @@ def approval_card(
     editable: bool = True,
     note: str = "",
     quotes: bool = True,
+    requester: str | None = None,
 ) -> Message:
     """The approvers' card: what, who, why, until when; buttons only while still pending.
 
     `description`: the tool's own, so the approver knows what the call does; `editable`:
     its input has a schema to edit it by (Edit & approve); `note`: where the tool comes from
-    (an MCP server's, with the server's read-only / destructive hint).
+    (an MCP server's, with the server's read-only / destructive hint); `requester`: "guest"
+    or "external" when the requester is one (bot/people.py `outsider_kind`).
     """
     r = a.request
     pending = a.decision is None
@@ -365,7 +378,7 @@ def approval_card(
     header = fit(f"{title}: {r.tool}", HEADER_MAX)[0]
     blocks: list[Block] = [
         {"type": "header", "text": {"type": "plain_text", "text": header}},
-        _requested_by(a, thread_link, description),
+        _requested_by(a, thread_link, description, requester),
         *_notes(a, note),
         *request_sections(r, quotes),
         *_call_blocks(a),
