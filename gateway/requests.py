@@ -40,16 +40,18 @@ def status_of(approval: Approval) -> str:
 
 def shown(approval: Approval) -> dict[str, Any]:
     """A request as the API answers it (and as its callback says it): to any key of the
-    workspace, so its redacted fields are `•••• (N characters)`, named in `redacted`. Only
-    `start`, for the requester's own keys, answers the input to act on, values and all."""
+    workspace, so its redacted fields are `•••• (N characters)`, named in `redacted` (absent
+    when none are). Only `start`, for the requester's own keys, answers the input to act
+    on, values and all."""
     decision = approval.decision
+    hidden = [s.name for s in approval.request.secrets]
     return {
         "id": approval.id,
         "status": status_of(approval),
         "decided_by": getattr(decision, "by", None),
         "reason": getattr(decision, "reason", None),
         "input": approval.current.input,
-        "redacted": [s.name for s in approval.request.secrets],
+        **({"redacted": hidden} if hidden else {}),
     }
 
 
