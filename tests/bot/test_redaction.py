@@ -6,7 +6,6 @@ requests), fake Slack, fake Gemini and PostgreSQL."""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
