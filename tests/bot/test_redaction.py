@@ -6,6 +6,7 @@ requests), fake Slack, fake Gemini and PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import json
@@ -34,6 +35,7 @@ from tests.bot.conftest import (
 )
 from tests.bot.test_approver_tools import press
 from tests.bot.test_e2e import decided_card
+from tests.bot.test_gateway_mcp import card_for, mcp_client, new_key
 from tests.bot.test_home import open_home
 from tests.bot.test_versions import form, open_edit
 from tests.conftest import poll
@@ -51,6 +53,8 @@ tools:
     redact: [toAccount]
   deployRelease:
     redact: [token]
+  prompt.Bash:
+    redact: [password]
 """
 
 
@@ -231,6 +235,28 @@ async def test_the_api_shows_the_mask_and_gives_the_value_to_its_own_key_at_star
         started = await (await http.post(f"{base}/approvals/{made['id']}/start")).json()
     # The requester's own key, acting now: its own value back.
     assert started["input"] == {"version": "2", "token": secret}
+
+
+async def test_a_claude_code_prompt_hides_the_field_and_gets_it_back_once_approved(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str
+) -> None:
+    """The MCP door's card is redacted as any; Claude Code runs what it asked, value and all."""
+    secret = "pg-pass-998877"
+    asked = {"tool_name": "Bash", "input": {"command": "psql", "password": secret}}
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        call = asyncio.create_task(mcp.call_tool("approval_prompt", asked))
+        card = await card_for(fake_slack)
+        shown = json.dumps(card.args, ensure_ascii=False)
+        assert secret not in shown and "•••• (14 characters)" in shown
+        await client.click(team, BOSS, "approve", card)
+        result = await asyncio.wait_for(call, 30)
+    answer = json.loads(result.content[0].text)  # type: ignore[union-attr]
+    assert answer == {"behavior": "allow", "updatedInput": {"command": "psql", "password": secret}}
+    await settle(service)
+    assert service.deps is not None
+    trail = await service.deps.workflow.reads.audit_trail(team)
+    assert secret not in json.dumps([e.detail for e in trail])  # its output too
+    assert secret not in everything_sent(fake_slack)
 
 
 async def test_explain_says_what_is_hidden_and_shows_no_value(
