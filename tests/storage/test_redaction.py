@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import hashlib
 from datetime import UTC, datetime
+from typing import Any
 
 from storage.domain import Context, Request, Said
 from storage.redaction import Secret, hide, masked, reveal, scrub, scrubbed, tampered
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
-CALL = {"user": "bob", "auth": {"password": "hunter22", "otp": 123456}, "items": [{"password": 7}]}
+CALL: dict[str, Any] = {
+    "user": "bob",
+    "auth": {"password": "hunter22", "otp": 123456},
+    "items": [{"password": 7}],
+}
 
 
 def test_keys_are_hidden_at_any_depth_and_put_back_for_the_tool() -> None:
