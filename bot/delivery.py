@@ -397,7 +397,10 @@ class Delivery:
         """The ts of the approval's card (`escalated`: its escalated card) if a post cut off
         reached the channel; None if it did not; "" when the channel could not be read (the
         card is left for a later sweep rather than risk a second one)."""
-        since = (approval.request.requested_at - HISTORY_MARGIN).timestamp()
+        place = approval.escalation if escalated else None  # posted once it was due
+        since = (
+            (place.at if place else approval.request.requested_at) - HISTORY_MARGIN
+        ).timestamp()
         channel, oldest = _channel(approval, escalated), f"{since:.6f}"
         # One page, Slack's most: a card is posted soon after its request.
         try:
@@ -441,8 +444,6 @@ class Delivery:
                 approval, description=description, thread_link=thread_link, now=now, quotes=quotes
             )
         editable = self._workflow.runtime.edit_form(r.tool, approval.current.input) is not None
-        team = approval.thread.team_id
-        outsider = await self._outsider(client, r.requester, team) if self._outsider else None
         return approval_card(
             approval,
             description=description,
@@ -451,8 +452,19 @@ class Delivery:
             editable=editable,
             note=self._workflow.runtime.note(r.tool),
             quotes=quotes,
-            requester=outsider,
+            requester=await self._requester(client, approval),
         )
+
+    async def _requester(self, client: AsyncWebClient, approval: Approval) -> str | None:
+        """Whether the requester is a guest or of another organisation, for the card; None
+        when not, or when Slack cannot say (the card goes out without it)."""
+        if self._outsider is None:
+            return None
+        try:
+            return await self._outsider(client, approval.request.requester, approval.thread.team_id)
+        except Exception as exc:
+            log.warning("no facts on the requester of %s: %r", approval.id, exc)
+            return None
 
     async def link(self, client: AsyncWebClient, thread: Thread) -> str | None:
         """The message's permalink (a thread's, or a card's), asked of Slack once."""
