@@ -184,8 +184,8 @@ class Gate:
         r = approval.request
         meta = {"tool_approved": True, "approval_id": approval.id, "approved_by": version.edit.by}
         part = Part(
-            tool_request=ToolRequest(name=r.tool, ref=r.ref or None, input=version.input),
-            metadata={"resumed": meta, "replacedInput": r.input},
+            tool_request=ToolRequest(name=r.tool, ref=r.ref or None, input=version.actual),
+            metadata={"resumed": meta, "replacedInput": r.actual},
         )
         seconds = self.timeouts.of(r.tool)
         limit = asyncio.timeout(seconds)

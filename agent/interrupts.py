@@ -127,6 +127,7 @@ class Interrupts:
             asks=asks,
             note_required=policy.note_required and not asks,
             standing=None if asks else policy.standing_offer,
+            redact=policy.redact,
         )
         # A question to the requester goes into their thread; anything else to a channel.
         channel = turn.thread.channel_id if asks == "requester" else policy.channel
@@ -173,7 +174,7 @@ def resume_parts(
     for approval in approvals:
         r = approval.request
         # The model's own arguments: Genkit matches a restart's input to them exactly.
-        asked = r.asked if r.asked is not None else r.input
+        asked = r.asked if r.asked is not None else r.actual
         intr: AgentInterrupt[Any, Any] = AgentInterrupt(r.tool, r.ref or None, asked)
         if r.question:
             respond.append(intr.respond(answered(approval, r.tool in forms)))

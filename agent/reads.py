@@ -17,6 +17,7 @@ from agent.policy import PolicyService
 from agent.runtime import AgentRuntime
 from storage.approval_store import ApprovalStore
 from storage.domain import Approval, Approved, AuditEntry
+from storage.redaction import scrubbed
 
 
 @dataclass(frozen=True)
@@ -120,4 +121,7 @@ class Reads:
             if snapshot is not None and snapshot.state is not None:
                 messages = snapshot.state.messages or []
         await self.store.reads.note_viewed(approval, by=viewer, now=self.clock())
-        return approval, conversation_lines(messages)
+        r = approval.request
+        return approval, conversation_lines(
+            messages, shown=lambda value: scrubbed(value, r.redact, r.secrets)
+        )

@@ -74,6 +74,14 @@ def _question(a: Approval) -> str | None:
     return fit(asked, 300)[0] if isinstance(asked, str) else None
 
 
+def hidden_mark(a: Approval) -> str:
+    """`  ·  🔒 hidden by policy: password`: a request's redacted fields, after its summary."""
+    if not a.request.secrets:
+        return ""
+    names = ", ".join(code(escape(s.name)) for s in a.request.secrets[:5])
+    return f"  ·  🔒 hidden by policy: {names}"
+
+
 def inbox_item(a: Approval, *, card_link: str | None, editable: bool) -> list[Block]:
     """One request to decide: tool, requester, key arguments, age; the card's buttons."""
     r = a.request
@@ -84,7 +92,7 @@ def inbox_item(a: Approval, *, card_link: str | None, editable: bool) -> list[Bl
     if (asked := _question(a)) is not None:
         line += f"\n_The agent asks:_ {asked}"
     elif taste := summary(a.current.input):  # the version a click decides
-        line += f"\n{taste}"
+        line += f"\n{taste}" + hidden_mark(a)
     if a.edit is not None:
         line += f"\n✏️ _changed by {mention(a.edit.by)} (version {a.version})_"
     if r.approvals_needed > 1:
@@ -141,7 +149,7 @@ def own_item(a: Approval, *, thread_link: str | None, turn_waits: bool) -> Block
     if (asked := _question(a)) is not None:
         line += f"\n{asked}"
     elif taste := summary(a.current.input):  # what will run, edits included
-        line += f"\n{taste}"
+        line += f"\n{taste}" + hidden_mark(a)
     item = section(line)
     if r.asks == "requester" and a.decision is None:  # theirs to answer, here too
         item["accessory"] = answer_button(a)

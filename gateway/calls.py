@@ -286,7 +286,7 @@ class Gateway:
         """Run the approved call (the edited input after Edit & approve) once, behind the
         gate; a permission prompt's caller runs it itself, so its output is the input."""
         r = approval.request
-        args = approval.edit.input if approval.edit else r.input
+        args = approval.current.actual  # redacted fields' values back: the tool's input
         changes = approval.edit.changes(r.input) if approval.edit else None
         try:
             await self.approvals.executions.start_execution(approval, now=self.clock())

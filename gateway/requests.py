@@ -39,16 +39,21 @@ def status_of(approval: Approval) -> str:
 
 
 def shown(approval: Approval) -> dict[str, Any]:
-    """A request as the API answers it (and as its callback says it)."""
+    """A request as the API answers it (and as its callback says it): to any key of the
+    workspace, so its redacted fields are `•••• (N characters)`, named in `redacted` (absent
+    when none are). Only `start`, for the requester's own keys, answers the input to act
+    on, values and all."""
     decision = approval.decision
     reason = WITHDRAWN if isinstance(decision, Withdrawn) else None
+    hidden = [s.name for s in approval.request.secrets]
     return {
         "id": approval.id,
         "status": status_of(approval),
         "decided_by": getattr(decision, "by", None),
         "reason": getattr(decision, "reason", reason),
-        "input": approval.edit.input if approval.edit else approval.request.input,
+        "input": approval.current.input,
         "note": note_shown(approval),
+        **({"redacted": hidden} if hidden else {}),
     }
 
 

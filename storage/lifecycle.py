@@ -19,6 +19,8 @@ States
                posting -> posting                           a sweep retries a cut-off post
     reminder   scheduled -> sent                            once, while still pending
     escalation scheduled -> escalated                       once: the card goes up a level
+    escalation card  posting -> posted | failed             the escalated card's outbox
+                     posting -> posting                     a sweep retries a failed post
     standing   none -> granted                              GRANT, with the APPROVE it rides on
                granted -> granted (USE)                     a later call approved by it
                granted -> revoked                           REVOKE, once, while it is live
@@ -52,7 +54,12 @@ Why an approved call runs at most once
 An approval's card is recorded as being posted (`posting`) before it is posted. A post cut
 off (the process died) is retried by one sweep (RETRY_CARD), which first looks for the card
 in the channel: a card is never posted twice. A post Slack refuses for good ends `failed`,
-and the requester is told.
+and the requester is told. The escalated card (ESCALATE) has an outbox of its own, the
+same: `posting` from the ESCALATE that records it, retried by one sweep after a failed or
+cut-off post (RETRY_ESCALATION, which looks in the escalation channel first),
+`posted` once out (ESCALATION_POSTED), `failed` when Slack refuses it for good. A post that
+lost a race to record itself (another attempt recorded its own card first) is deleted:
+never two live cards.
 
 A conversation (a Slack thread) is held by one turn at a time: storage claims the thread
 for a turn (busy until it ends, or until its time runs out) and keeps it while that turn
@@ -162,6 +169,7 @@ class Subject(enum.StrEnum):
     CARD = "card"
     REMINDER = "reminder"
     ESCALATION = "escalation"
+    ESCALATION_CARD = "escalation card"
     STANDING = "standing"
 
 
@@ -183,6 +191,7 @@ class Requirement(enum.StrEnum):
     REMINDER_DUE = "the reminder's time has come"
     ESCALATION_DUE = "the escalation's time has come"
     POST_RAN_OUT = "the last attempt to post the card is older than its grace"
+    ESCALATION_POST_RAN_OUT = "the last attempt to post the escalated card is older than its grace"
     ASKS_APPROVAL = "the request asks for an approval"
     ASKS_ANSWER = "the request asks a question"
     SEVERAL_NEEDED = "the request needs several approvers"
@@ -364,6 +373,24 @@ ESCALATE = Transition(
     requires=(R.STILL_PENDING, R.ESCALATION_DUE),
     audit=Audit("escalated", "greenlight"),
 )
+# The escalated card's outbox: ESCALATE leaves it `posting` (storage/follow_ups.py).
+RETRY_ESCALATION = Transition(
+    "retry escalation",
+    Subject.ESCALATION_CARD,
+    {CardState.POSTING: (R.ESCALATION_POST_RAN_OUT,)},
+    CardState.POSTING,
+    requires=(R.STILL_PENDING,),
+)
+ESCALATION_POSTED = Transition(
+    "escalation posted", Subject.ESCALATION_CARD, {CardState.POSTING: ()}, CardState.POSTED
+)
+ESCALATION_FAILED = Transition(
+    "escalation failed",
+    Subject.ESCALATION_CARD,
+    {CardState.POSTING: ()},
+    CardState.FAILED,
+    audit=Audit("escalation_failed", "greenlight"),
+)
 # Standing approvals (see the docstring's table). GRANT is written with the APPROVE it rides
 # on, in the same statement; USE with the APPROVE_UNDER of the call it covers.
 GRANT = Transition(
@@ -420,6 +447,9 @@ TRANSITIONS = (
     CARD_FAILED,
     REMIND,
     ESCALATE,
+    RETRY_ESCALATION,
+    ESCALATION_POSTED,
+    ESCALATION_FAILED,
     GRANT,
     USE,
     APPROVE_UNDER,
@@ -439,6 +469,7 @@ STATES: Mapping[Subject, type[State]] = {
     Subject.CARD: CardState,
     Subject.REMINDER: ReminderState,
     Subject.ESCALATION: EscalationState,
+    Subject.ESCALATION_CARD: CardState,
     Subject.STANDING: StandingState,
 }
 
