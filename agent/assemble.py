@@ -89,7 +89,8 @@ def build_workflow(
         clock=clock,
     )
     store = ApprovalStore(sessions)
-    gate = Gate(store.executions, clock, tool_timeouts, outside)
+    watch = Watch(observer or Observer(), clock)
+    gate = Gate(store.executions, clock, tool_timeouts, outside, watch)
     previews: dict[str, Preview] = dict(files.previews())
     questions: set[str] = set()  # filled as the tools load
     standing = StandingApprovals(store, policies, clock, new_id)
@@ -106,7 +107,6 @@ def build_workflow(
         mounted_tools=files.tools(),
     )
     retention = Retention(sessions, keep=keep_data, keep_audit=keep_audit)
-    watch = Watch(observer or Observer(), clock)
     timing = Timing(lease, turn_timeout, tool_timeouts)
     return _workflow(runtime, store, policies, gate, retention, watch, timing, standing)
 

@@ -17,7 +17,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
@@ -453,27 +453,35 @@ class Line:
     at: datetime | None = None
 
 
-def conversation_lines(messages: Sequence[Message], limit: int = CONVERSATION_MAX) -> list[Line]:
+def conversation_lines(
+    messages: Sequence[Message],
+    limit: int = CONVERSATION_MAX,
+    shown: Callable[[Any], Any] = lambda value: value,
+) -> list[Line]:
     """The last `limit` messages, oldest first: humans' and the agent's words whole, tool
-    calls and their results summarised."""
+    calls and their results summarised; every text and value as `shown` gives it (a
+    request's redacted fields hidden, storage/redaction.py)."""
     lines: list[Line] = []
     for message in messages:
         if _human(message):
             by, at = author(message)
-            lines.append(Line("human", _text(message), by, at))
+            lines.append(Line("human", shown(_text(message)), by, at))
         elif message.role == "user":  # not a person's: a file the agent read, say
-            lines.append(Line("tool", f"(not from a person) {_summary(_text(message))}"))
+            lines.append(Line("tool", f"(not from a person) {_summary(shown(_text(message)))}"))
         elif message.role == "model":
             calls = [
-                f"→ calls {p.tool_request.name} {_summary(p.tool_request.input)}"
+                f"→ calls {p.tool_request.name} {_summary(shown(p.tool_request.input))}"
                 for p in message.content
                 if p.tool_request is not None
             ]
-            text = "\n".join(t for t in (_text(message).strip(), *calls) if t)
+            text = "\n".join(t for t in (shown(_text(message)).strip(), *calls) if t)
             lines.append(Line("agent", text))
         elif message.role == "tool":
             lines.extend(
-                Line("tool", f"{p.tool_response.name} returned {_summary(p.tool_response.output)}")
+                Line(
+                    "tool",
+                    f"{p.tool_response.name} returned {_summary(shown(p.tool_response.output))}",
+                )
                 for p in message.content
                 if p.tool_response is not None
             )

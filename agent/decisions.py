@@ -1,4 +1,5 @@
-"""Decisions: Approve (a vote, or the approval), Deny, Edit & approve, answers; each once.
+"""Decisions: Approve (a vote, or the approval), Deny, Edit & approve, answers, the
+requester's Withdraw; each once.
 
 Each checks who may decide (agent/eligibility.py) and that the request is still open, then
 is one conditional write (storage/decisions.py): of two clicks exactly one takes, and the
@@ -23,9 +24,12 @@ from agent.prompt_edits import is_prompt, prompt_edited
 from agent.questions import form_errors
 from agent.runtime import AgentRuntime
 from storage.approval_store import ApprovalStore
-from storage.domain import Answered, Approval, Approved, Denied, Edit
+from storage.domain import Answered, Approval, Approved, Denied, Edit, Withdrawn
 from storage.lifecycle import IllegalTransition, Requirement
 from storage.policy_spec import StoredPolicy
+from storage.redaction import hide, reveal, tampered
+
+REDACTED = "hidden by the tool's policy (redacted): it cannot be changed"
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,27 @@ class Decisions:
         decision = Approved(approver, now, reason) if approve else Denied(approver, now, reason)
         return await self._record(approval, decision, seen=seen)
 
+    async def withdraw(self, team_id: str, approval_id: str, person: str) -> Decided:
+        """The requester takes back a request that waits (Withdraw, or the approvals API's
+        DELETE): it ends withdrawn, nothing runs, and once its turn resumes the model is
+        told so. DecisionRefused (nothing changes) for anyone else ("not_theirs"), for a
+        question, and for a request already settled (or past its deadline: it expires)."""
+        approval, _ = await self._open(team_id, approval_id)
+        if approval.request.question:
+            raise DecisionRefused("a_question", approval)
+        if person != approval.request.requester:
+            raise DecisionRefused("not_theirs", approval)
+        if approval.decision is not None:
+            raise DecisionRefused("already_decided", approval)
+        try:
+            done, others_pending = await self.store.decisions.withdraw(
+                approval, Withdrawn(person, self.clock())
+            )
+        except IllegalTransition as refused:
+            raise await self._refused(refused, approval) from None
+        self.watch.settled(done)
+        return Decided(done, turn_ready=others_pending == 0)
+
     async def approve_with_changes(
         self,
         team_id: str,
@@ -161,22 +186,14 @@ class Decisions:
         if policy.note_required and not note:
             raise DecisionRefused("note_required", approval)
         r = approval.request
-        tool = self.runtime.tools.get(r.tool)
-        if is_prompt(r.tool):
-            new, errors = prompt_edited(approval.current.input, changed)
-        elif tool is None:
-            raise InvalidAnswer({"input": "no such tool"})
-        else:
-            new, errors = coerced(tool.action(), changed)
-        if errors or not isinstance(new, dict):
-            raise InvalidAnswer(errors or {"input": "an object is needed"})
-        if same_value(new, approval.current.input):  # nothing changed: a vote for what it is
+        new, shown = self._edited(approval, changed)
+        if same_value(shown, approval.current.input):  # nothing changed: a vote for what it is
             decision = Approved(approver, self.clock(), note)
             return await self._record(approval, decision, seen=approval.version)
-        await self._check_edit(approval, new, approver, facts)
+        await self._check_edit(approval, shown, approver, facts)
         preview = await preview_of(self.runtime.previews, r.tool, new)
         # The decision's time, after the look-ups and the preview, as an Approve takes it.
-        edit = Edit(new, approver, self.clock(), preview)
+        edit = Edit(shown, approver, self.clock(), preview)
         if r.approvals_needed > 1:
             try:
                 done = await self.store.decisions.edit(
@@ -187,6 +204,28 @@ class Decisions:
             return Decided(done, turn_ready=False)
         decision = Approved(approver, edit.at, note)
         return await self._record(approval, decision, seen=approval.version, edit=edit)
+
+    def _edited(
+        self, approval: Approval, changed: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """An Edit & approve's input (in the form's shown form: redacted fields as their
+        masks), as the tool's schema validates it: (the input the tool would get, the same
+        as every reader is shown it). InvalidAnswer by field when it does not fit, or when
+        it changes a redacted field: nobody edits what nobody may see."""
+        r = approval.request
+        if hidden := tampered(changed, r.redact, r.secrets):
+            raise InvalidAnswer(dict.fromkeys(hidden, REDACTED))
+        given = reveal(changed, r.secrets)
+        tool = self.runtime.tools.get(r.tool)
+        if is_prompt(r.tool):
+            new, errors = prompt_edited(approval.current.actual, given)
+        elif tool is None:
+            raise InvalidAnswer({"input": "no such tool"})
+        else:
+            new, errors = coerced(tool.action(), given)
+        if errors or not isinstance(new, dict):
+            raise InvalidAnswer(errors or {"input": "an object is needed"})
+        return new, hide(new, r.redact, r.secrets)[0]
 
     async def _expire_if_overdue(self, approval: Approval) -> Approval:
         """A pending approval past its deadline is expired, whoever touches it first (a click,

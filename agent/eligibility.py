@@ -22,7 +22,8 @@ Facts = ApproverFacts | Callable[[Approval, Policy], Awaitable[ApproverFacts]]
 def for_version(base: Policy, approval: Approval) -> Policy:
     """The tool's policy (`base`) for the request's current version."""
     v = approval.current
-    return base.for_call(v.input, approval.request.requester, as_provenance(v.input, v.sources))
+    args = v.actual  # rules read the values, redacted or not
+    return base.for_call(args, approval.request.requester, as_provenance(args, v.sources))
 
 
 async def check_eligible(policy: Policy, approval: Approval, person: str, facts: Facts) -> None:

@@ -1,10 +1,12 @@
-"""Follow-ups: the sweep, the card's outbox, reminders and escalations.
+"""Follow-ups: the sweep, the cards' outboxes, reminders and escalations.
 
-The sweep expires overdue requests, takes over cards whose post was cut off, resumes turns
-nobody is resuming (after a crash) and deletes what is past retention.
+The sweep expires overdue requests, takes over cards (and escalated cards) whose post
+failed or was cut off, resumes turns nobody is resuming (after a crash) and deletes what
+is past retention.
 
-Each is recorded as done before the transport does it (EXPIRE, RETRY_CARD, REMIND,
-ESCALATE, a CLAIM): whichever replica gets there first does it, once.
+Each is recorded as done before the transport does it (EXPIRE, RETRY_CARD,
+RETRY_ESCALATION, REMIND, ESCALATE, a CLAIM): whichever replica gets there first does it,
+once.
 """
 
 from __future__ import annotations
@@ -56,19 +58,29 @@ class FollowUps:
             with contextlib.suppress(IllegalTransition):  # decided meanwhile, or by a replica
                 expired.append(await self.store.decisions.expire(approval, now=now))
                 self.watch.settled(expired[-1])
-        # Cards a process died posting (a live one posts within moments).
-        stale, uncarded = now - CARD_GRACE, []
-        for approval in await self.store.follow_ups.stale_cards(stale=stale, team_id=team_id):
-            with contextlib.suppress(IllegalTransition):  # another sweep took it
-                uncarded.append(
-                    await self.store.follow_ups.retry_card(approval, now=now, stale=stale)
-                )
+        uncarded = await self._stale_cards(now, team_id, escalated=False)
+        unescalated = await self._stale_cards(now, team_id, escalated=True)
         turn_ids = await self.store.turns.recoverable(now=now, team_id=team_id)
         resumed = [r for t in turn_ids if (r := await self.turns.resume(t, on_text)) is not None]
         purged = Purged()
         if team_id is None:
             purged = await self.retention.purge(now=now)
-        return SweepReport(tuple(expired), tuple(resumed), tuple(uncarded), purged)
+        return SweepReport(
+            tuple(expired), tuple(resumed), uncarded, purged, unescalated=unescalated
+        )
+
+    async def _stale_cards(
+        self, now: datetime, team_id: str | None, *, escalated: bool
+    ) -> tuple[Approval, ...]:
+        """Cards (`escalated`: escalated cards) whose post failed or a process died making
+        (a live one posts within moments), now this sweep's (RETRY_CARD, RETRY_ESCALATION)."""
+        stale, taken = now - CARD_GRACE, []
+        outbox = self.store.follow_ups
+        for approval in await outbox.stale_cards(stale=stale, team_id=team_id, escalated=escalated):
+            retry = outbox.retry_escalation if escalated else outbox.retry_card
+            with contextlib.suppress(IllegalTransition):  # another sweep took it
+                taken.append(await retry(approval, now=now, stale=stale))
+        return tuple(taken)
 
     async def due(self, team_id: str | None = None) -> Owed:
         """Reminders and escalations due now, each recorded as done (REMIND, ESCALATE)
@@ -85,31 +97,36 @@ class FollowUps:
                 owed.append(Due(taken, for_version(base, taken)))
         return Owed(tuple(done[REMIND]), tuple(done[ESCALATE]))
 
-    async def escalation_posted(self, approval: Approval, *, ts: str) -> None:
-        await self.store.follow_ups.escalation_posted(approval, ts=ts)
-
-    async def card_posted(self, approval: Approval, *, ts: str) -> Approval | None:
-        """The card is out, at `ts`; None when its outbox had already moved on."""
+    async def card_posted(
+        self, approval: Approval, *, ts: str, escalated: bool = False
+    ) -> Approval | None:
+        """The card (`escalated`: the escalated card) is out, at `ts`; None when its outbox
+        had already moved on (another attempt recorded its own card, say)."""
+        outbox = self.store.follow_ups
+        posted = outbox.escalation_posted if escalated else outbox.card_posted
         try:
-            return await self.store.follow_ups.card_posted(approval, ts=ts)
+            return await posted(approval, ts=ts)
         except IllegalTransition as refused:
-            log.warning(
-                "card of approval %s posted, but: %s",
-                approval.id,
-                refused,
-                extra={"approval_id": approval.id},
-            )
+            _not_taken("posted", approval, refused)
             return None
 
-    async def card_failed(self, approval: Approval) -> Approval | None:
-        """Slack refused the card for good (the transport tells the requester)."""
+    async def card_failed(self, approval: Approval, *, escalated: bool = False) -> Approval | None:
+        """Slack refused the card (`escalated`: the escalated card) for good; for the card,
+        the transport tells the requester."""
+        outbox = self.store.follow_ups
+        failed = outbox.escalation_failed if escalated else outbox.card_failed
         try:
-            return await self.store.follow_ups.card_failed(approval, now=self.clock())
+            return await failed(approval, now=self.clock())
         except IllegalTransition as refused:
-            log.warning(
-                "card of approval %s failed, but: %s",
-                approval.id,
-                refused,
-                extra={"approval_id": approval.id},
-            )
+            _not_taken("failed", approval, refused)
             return None
+
+
+def _not_taken(what: str, approval: Approval, refused: IllegalTransition) -> None:
+    log.warning(
+        "card of approval %s %s, but: %s",
+        approval.id,
+        what,
+        refused,
+        extra={"approval_id": approval.id},
+    )

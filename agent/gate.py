@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, assert_never
 
@@ -31,6 +31,7 @@ from genkit._ai._tools import (
 from genkit.middleware import GenerateMiddlewareContext, ToolHookParams
 
 from agent.inputs import jsonable
+from agent.observer import Watch
 from agent.questions import asking
 from agent.scope import Outside, TurnScope
 from storage.domain import Approval, Approved, Finished, Started
@@ -70,13 +71,15 @@ DEFAULT_TOOL_TIMEOUTS = ToolTimeouts()  # every tool: 15 minutes
 class Gate:
     """The one gate before an approved call runs; one per application, shared by the
     middleware (restarts) and the resume (edited calls). How each call ended is counted
-    when its turn ends (agent/observer.py), not here."""
+    when its turn ends (agent/observer.py), not here; but a call a standing approval
+    covered is in no resume's settled requests, so the gate tells `watch` of it."""
 
     executions: ExecutionStore
     clock: Callable[[], datetime]
     timeouts: ToolTimeouts = DEFAULT_TOOL_TIMEOUTS
     # Entered around the call, so whoever runs the turn can give its place to other work.
     outside: Outside = contextlib.nullcontext
+    watch: Watch | None = None  # told of covered calls (None: nobody counts them)
 
     async def run_approved(
         self,
@@ -117,6 +120,8 @@ class Gate:
         part = params.tool_request_part
         resumed = part.model_copy(update={"metadata": (part.metadata or {}) | {"resumed": meta}})
         approved = ToolHookParams(tool_request_part=resumed, tool=params.tool)
+        if self.watch is not None:
+            self.watch.covered(approval)
         return await self.run(approval, scope, approved, ctx, next_fn)
 
     async def run(
@@ -145,15 +150,23 @@ class Gate:
         except Exception as exc:
             if asking(exc) is None and limit.expired():  # it stays "started": outcome unknown
                 _ran_past(tool, seconds, approval)
+                self._covered_ended(approval, Started())
                 return MultipartToolResponse(output=noted(approval, cut_off(tool, seconds)))
             output = _failed(tool, approval, exc)
             result = MultipartToolResponse(output=output)
         await self.executions.finish_execution(approval, output=output, now=self.clock())
+        self._covered_ended(approval, Finished(output))
         if approval.notes():  # the record keeps the tool's own output; the model gets both
             return MultipartToolResponse(
                 output=noted(approval, output), content=result.content, metadata=result.metadata
             )
         return result
+
+    def _covered_ended(self, approval: Approval, execution: Started | Finished) -> None:
+        """A call a standing approval covered ended: the watch counts it (a restarted call
+        is counted when its resume ends)."""
+        if approval.under is not None and self.watch is not None:
+            self.watch.covered_ended(replace(approval, execution=execution))
 
     async def run_edited(self, tool: Action | None, approval: Approval) -> None:
         """Run an approved call with its approver's changes, at most once: Genkit refuses a
@@ -171,8 +184,8 @@ class Gate:
         r = approval.request
         meta = {"tool_approved": True, "approval_id": approval.id, "approved_by": version.edit.by}
         part = Part(
-            tool_request=ToolRequest(name=r.tool, ref=r.ref or None, input=version.input),
-            metadata={"resumed": meta, "replacedInput": r.input},
+            tool_request=ToolRequest(name=r.tool, ref=r.ref or None, input=version.actual),
+            metadata={"resumed": meta, "replacedInput": r.actual},
         )
         seconds = self.timeouts.of(r.tool)
         limit = asyncio.timeout(seconds)

@@ -38,10 +38,13 @@ from storage.domain import (
     ReminderState,
     Request,
     Thread,
+    Withdrawn,
 )
 from storage.reads import ReadStore
 
 HISTORY_DAYS = 30  # how far back a card counts the requester's earlier requests
+# Why a call its requester withdrew did not run: the model gets it as a denial's error.
+WITHDRAWN = "withdrawn by the requester"
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,7 @@ class Interrupts:
             asks=asks,
             note_required=policy.note_required and not asks,
             standing=None if asks else policy.standing_offer,
+            redact=policy.redact,
         )
         # A question to the requester goes into their thread; anything else to a channel.
         channel = turn.thread.channel_id if asks == "requester" else policy.channel
@@ -170,7 +174,7 @@ def resume_parts(
     for approval in approvals:
         r = approval.request
         # The model's own arguments: Genkit matches a restart's input to them exactly.
-        asked = r.asked if r.asked is not None else r.input
+        asked = r.asked if r.asked is not None else r.actual
         intr: AgentInterrupt[Any, Any] = AgentInterrupt(r.tool, r.ref or None, asked)
         if r.question:
             respond.append(intr.respond(answered(approval, r.tool in forms)))
@@ -193,6 +197,8 @@ def resume_parts(
                 respond.append(intr.respond({"ok": False, "error": error}))
             case Expired():
                 respond.append(intr.respond({"ok": False, "error": "approval expired"}))
+            case Withdrawn():
+                respond.append(intr.respond({"ok": False, "error": WITHDRAWN}))
             case Answered():
                 raise ValueError(f"approval {approval.id} asked no question, yet was answered")
             case None:

@@ -4,7 +4,8 @@ The agent knows when these happen but not who counts them: whoever wires it pass
 `Observer` (bot/metrics.py counts them for Prometheus). This one does nothing, so tests and
 the demo need none. `Watch` is the one place the agent tells it, read off the outcomes
 themselves, each once, after the write that makes it true: a request settled, a turn
-ended, and with a turn that ended for good, how each of its approved calls ended.
+ended, and with a turn that ended for good, how each of its approved calls ended; a call a
+standing approval covered, when its approval is made and when it ends (the gate tells).
 """
 
 from __future__ import annotations
@@ -15,11 +16,21 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar, assert_never
 
 from agent.outcomes import AnsweredInThread, AwaitingApproval, Busy, Failed, Reply, Resumed
-from storage.domain import Answered, Approval, Approved, Denied, Expired, Finished, Started
+from storage.domain import (
+    Answered,
+    Approval,
+    Approved,
+    Denied,
+    Expired,
+    Finished,
+    Started,
+    Withdrawn,
+)
 
 # How an approval (or a question) was settled: an approver's Approve or Deny, the deadline,
-# or the answer a question got.
-DecisionOutcome = Literal["approved", "denied", "expired", "answered"]
+# the answer a question got, the requester's Withdraw, or a standing approval that approved
+# the call as it was made (agent/standing.py: no card, no wait).
+DecisionOutcome = Literal["approved", "denied", "expired", "answered", "withdrawn", "standing"]
 # How an approved call ended: its output (`error`: it raised, or answered {"ok": false}), or
 # never recorded (the process died running it, or it ran past its time: storage/domain.py's
 # Started).
@@ -84,10 +95,23 @@ class Watch:
                 outcome = "expired"
             case Answered():
                 outcome = "answered"
+            case Withdrawn():
+                outcome = "withdrawn"
             case unreachable:
                 assert_never(unreachable)
         r = approval.request
         self.observer.decided(r.tool, outcome, (decision.at - r.requested_at).total_seconds())
+
+    def covered(self, approval: Approval) -> None:
+        """A call a standing approval approved as it was made (its USE): a decision of its
+        own, `standing`, taken the moment it was asked."""
+        self.observer.decided(approval.request.tool, "standing", 0.0)
+
+    def covered_ended(self, approval: Approval) -> None:
+        """A call a standing approval covered ended (`approval` as it ended: Finished, or
+        Started when it ran past its time). Counted as any approved call's execution, here,
+        since no resume settles it: the gate tells this (agent/gate.py)."""
+        self._executed((approval,))
 
     def _turn_ended(self, result: object, seconds: float) -> None:
         if result is None:  # not resumed here: nothing ran

@@ -134,3 +134,6 @@ class SweepReport:
     # the channel already, so the transport looks there before it posts.
     uncarded: tuple[Approval, ...] = ()
     purged: Purged = field(default_factory=Purged)  # what retention deleted (every workspace)
+    # Escalated cards whose post failed or was cut off, now this sweep's (RETRY_ESCALATION):
+    # the transport looks in the escalation channel before it posts, as for `uncarded`.
+    unescalated: tuple[Approval, ...] = ()

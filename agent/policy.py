@@ -17,9 +17,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from agent.context import as_provenance
 from agent.policy_file import PolicyFile, compiled
-from storage.domain import Refusal, Request
+from storage.domain import Refusal
 from storage.policies import PolicyStore
 from storage.policy_spec import Rule, StoredPolicy, ToolPolicy, split_principals
 
@@ -98,6 +97,7 @@ class Policy:
     escalate_groups: tuple[str, ...] = ()
     note_required: bool = False  # POLICY_FILE's `note: required`
     standing: timedelta | None = None  # POLICY_FILE's `standing`: what a card may offer
+    redact: tuple[str, ...] = ()  # POLICY_FILE's `redact`: the input's keys nobody is shown
 
     @property
     def standing_offer(self) -> timedelta | None:
@@ -135,10 +135,6 @@ class Policy:
         if self.approvals > 1:
             base += f"; it needs {self.approvals} approvers"
         return f"{base}; {self.note}" if self.note else base
-
-    def for_request(self, r: Request) -> Policy:
-        """`for_call` of a recorded request, with the provenance recorded with it."""
-        return self.for_call(r.input, r.requester, as_provenance(r.input, r.context.sources))
 
     def for_call(self, args: Any, requester: str, provenance: Any = None) -> Policy:
         """The policy of one call: the first rule it matches applied (no rule applies to a
@@ -319,6 +315,7 @@ def effective(tool: str, stored: StoredPolicy | None, defaults: PolicyDefaults) 
         escalate_groups=escalate_groups,
         note_required=stored.note == "required",
         standing=stored.standing,
+        redact=stored.redact,
     )
 
 

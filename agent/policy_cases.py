@@ -103,6 +103,7 @@ class Expect(_Strict):
     timeout: Duration | None = None
     rule: str | None = None
     error: str | None = None
+    redact: list[str] | None = None  # the fields the card hides
 
 
 class Case(_Strict):
@@ -147,7 +148,7 @@ def mismatches(expect: Expect, got: Outcome) -> list[str]:
             wrong.append(f"expected {key} {_shown(wanted)}, got an error: {got.error}")
             continue
         actual = _actual(key, got)
-        same = set(wanted) == set(actual) if key == "approvers" else wanted == actual
+        same = set(wanted) == set(actual) if key in ("approvers", "redact") else wanted == actual
         if not same:
             wrong.append(f"expected {key} {_shown(wanted)}, got {_shown(actual)}")
     return wrong

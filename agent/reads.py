@@ -1,11 +1,12 @@
-"""Reads for the transports: inbox, pending, own requests, audit pages, a request's conversation.
+"""Reads for the transports: inbox, pending, own requests, revocable standing approvals,
+audit pages, a request's conversation.
 
 None of them changes a request; a look at the conversation behind one is audited.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -15,7 +16,8 @@ from agent.outcomes import DecisionRefused
 from agent.policy import PolicyService
 from agent.runtime import AgentRuntime
 from storage.approval_store import ApprovalStore
-from storage.domain import Approval, AuditEntry
+from storage.domain import Approval, Approved, AuditEntry
+from storage.redaction import scrubbed
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class Reads:
         """The open requests `person` may decide (or answer) now, oldest first, among the
         `scan` oldest pending ones of others: not past their deadline, not voted on by them,
         and allowed by the trust rules with `facts` (the click checks again)."""
-        policies = {p.tool: p for p in await self.policies.all(team_id)}
+        may_decide = await self._deciding(team_id, person, facts)
         now, mine = self.clock(), []
         for approval in await self.store.reads.inbox(team_id, person, limit=scan):
             r = approval.request
@@ -49,13 +51,43 @@ class Reads:
                 continue
             if any(v.by == person for v in approval.votes):
                 continue
-            policy = policies.get(r.tool) or self.policies.of(r.tool, None)
+            if await may_decide(approval):
+                mine.append(approval)
+        return tuple(mine)
+
+    async def revocable(
+        self, team_id: str, person: str, facts: Facts, *, scan: int
+    ) -> tuple[Approval, ...]:
+        """The live standing approvals `person` may revoke, soonest over first, among the
+        `scan` soonest over: those they granted, and those of requests they may decide under
+        their tool's policy now (agent/standing.py `revoke`, which checks again; an admin who
+        is neither revokes from the card)."""
+        may_decide = await self._deciding(team_id, person, facts)
+        mine = []
+        for grant in await self.store.reads.live_grants(team_id, now=self.clock(), limit=scan):
+            granted = isinstance(grant.decision, Approved) and grant.decision.by == person
+            if granted or await may_decide(grant):
+                mine.append(grant)
+        return tuple(mine)
+
+    async def _deciding(
+        self, team_id: str, person: str, facts: Facts
+    ) -> Callable[[Approval], Awaitable[bool]]:
+        """Whether `person` may decide a request under its tool's policy now (for its
+        current version) and the trust rules with `facts`; the workspace's policies read
+        once for all the requests asked about."""
+        policies = {p.tool: p for p in await self.policies.all(team_id)}
+
+        async def may_decide(approval: Approval) -> bool:
+            tool = approval.request.tool
+            policy = policies.get(tool) or self.policies.of(tool, None)
             try:
                 await check_eligible(for_version(policy, approval), approval, person, facts)
             except DecisionRefused:
-                continue
-            mine.append(approval)
-        return tuple(mine)
+                return False
+            return True
+
+        return may_decide
 
     async def requested_by(self, team_id: str, person: str, *, limit: int) -> tuple[Approval, ...]:
         """`person`'s requests still waiting, or decided with their turn still going."""
@@ -89,4 +121,7 @@ class Reads:
             if snapshot is not None and snapshot.state is not None:
                 messages = snapshot.state.messages or []
         await self.store.reads.note_viewed(approval, by=viewer, now=self.clock())
-        return approval, conversation_lines(messages)
+        r = approval.request
+        return approval, conversation_lines(
+            messages, shown=lambda value: scrubbed(value, r.redact, r.secrets)
+        )

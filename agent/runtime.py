@@ -25,8 +25,8 @@ from agent.questions import (
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful operations assistant working inside Slack. Use the tools you have to "
     "do what the employee asks. Some tools need a human's approval: when a tool result says "
-    "it was denied, expired or has an unknown outcome, tell the employee plainly and do not "
-    "retry it on your own."
+    "it was denied, withdrawn, expired or has an unknown outcome, tell the employee plainly "
+    "and do not retry it on your own."
 )
 
 

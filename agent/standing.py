@@ -71,6 +71,7 @@ class StandingApprovals:
             requested_at=now,
             expires_at=now,
             participants=scope.participants,
+            redact=policy.redact,
         )
         covered = Approval(self.new_id(), self.new_id(), scope.thread, request, under=grant.id)
         if (used := await self.store.standing.use(grant, covered, call, now=now)) is None:

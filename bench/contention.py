@@ -1,8 +1,9 @@
 """100 concurrent Approve clicks on one card: the tool must run once, every click answered.
 
 The clicks are sent at once from a worker process (bench/_load.py); the count of executions
-comes from the tool's own ledger and, for Greenlight, from the audit trail; the others are
-refused with an ephemeral message.
+comes from the tool's own ledger and, for Greenlight, from the audit trail, both by the
+card's approval id (not its buttons' value, which names the version too: `<id>~<n>`); the
+others are refused with an ephemeral message.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ async def contention(driver: Driver, clicks: int, ledger: Path | None, db_url: s
     }
     if db_url is not None:
         result["execution_started_audited"] = await _audited(db_url, card.approval_id)
+    if conv.replies and not result["tool_runs_ledger"]:  # a count of nothing proves nothing
+        result["error"] = f"a reply came, yet no run of approval {card.approval_id} was counted"
     return result
 
 

@@ -161,9 +161,16 @@ class LoopbackGemini(FakeGemini):
 class Card:
     at: float
     ts: str
-    approval_id: str
+    value: str  # its Approve button's: `<approval id>~<version>` (Greenlight), an id (baseline)
     text: str
     blocks: list[JSON]
+
+    @property
+    def approval_id(self) -> str:
+        """The approval the card is about: what the tool gets as its key (the ledger's
+        `key`) and what the audit trail names; not the button's value, which names the
+        version too."""
+        return self.value.split("~")[0]
 
 
 @dataclass(eq=False)
@@ -582,7 +589,7 @@ class Driver:
             APPROVERS,
             card.ts,
             "approve",
-            card.approval_id,
+            card.value,
             f"trigger-{n}",
             self.slack.response_url(f"click-{n}"),
             block_id="approval",

@@ -46,6 +46,7 @@ from storage.domain import (
     Request,
     Source,
     Started,
+    Withdrawn,
 )
 
 FIELDS_MAX = 10
@@ -98,6 +99,20 @@ def span(duration: timedelta) -> str:
 def answer_button(a: Approval) -> Block:
     """What answers a question, on its card and on the Home tab."""
     return button("Answer", "answer", a.id, "primary")
+
+
+def withdraw_button(a: Approval) -> Block:
+    """What takes a waiting request back, for its requester alone: on the note in their
+    thread and on their Home tab. Slack asks them to confirm first: it cannot be undone."""
+    tool = a.request.tool[:120]  # plain text: nothing in it is markup
+    return button("Withdraw", "withdraw", a.id) | {
+        "confirm": {
+            "title": {"type": "plain_text", "text": "Withdraw this request?"},
+            "text": {"type": "plain_text", "text": f"{tool} will not run; the agent is told."},
+            "confirm": {"type": "plain_text", "text": "Withdraw"},
+            "deny": {"type": "plain_text", "text": "Keep waiting"},
+        }
+    }
 
 
 def origin_notes(key: str, sources: Mapping[str, Source]) -> list[str]:
@@ -177,6 +192,19 @@ def request_sections(r: Request, quotes: bool = True) -> list[Block]:
     return [section(f"{label}\n{quote(said)}") for said, label in words if said is not None]
 
 
+def hidden_text(r: Request) -> str | None:
+    """That the tool's policy hides part of the input (storage/redaction.py): which fields,
+    and what it means. None when nothing is hidden."""
+    if not r.secrets:
+        return None
+    names = ", ".join(code(escape(s.name)) for s in r.secrets[:10])
+    more = f" and {len(r.secrets) - 10} more" if len(r.secrets) > 10 else ""
+    return (
+        f"🔒 Hidden by the tool's policy: {names}{more} (shown as ••••, with its length). "
+        "The tool gets the value; nobody can change it; the audit trail keeps its SHA-256."
+    )
+
+
 def history_text(r: Request) -> str | None:
     """The requester's earlier requests for this tool, so an unusual one stands out."""
     h: History | None = r.context.history
@@ -245,9 +273,13 @@ def standing_blocks(a: Approval, now: datetime) -> list[Block]:
         state = f"Standing approval over: its time ran out at {date(g.until)}"
     out = [section(f"{state}.\n{calls_ran(g.uses)}.")]
     if g.live(now):
-        revoke = button("Revoke", "revoke_standing", a.id, "danger")
-        out.append({"type": "actions", "block_id": "standing", "elements": [revoke]})
+        out.append({"type": "actions", "block_id": "standing", "elements": [revoke_button(a)]})
     return out
+
+
+def revoke_button(a: Approval) -> Block:
+    """What ends a live standing approval, on its card and on the Home tab."""
+    return button("Revoke", "revoke_standing", a.id, "danger")
 
 
 def decision_text(a: Approval) -> str:
@@ -271,14 +303,28 @@ def decision_text(a: Approval) -> str:
             return f"⌛ Expired at {date(at)} — the request was denied automatically"
         case Answered(by=by, at=at, answer=answer):
             return f"💬 Answered by {mention(by)} at {date(at)}:\n{quote(said_of(answer))}"
+        case Withdrawn(by=by, at=at):
+            line = f"↩️ Withdrawn by {mention(by)}, who asked for it, at {date(at)}"
+            return line + " — the request was withdrawn, so nothing runs"
         case None:
             return "Waiting for a decision."
 
 
-def _requested_by(a: Approval, thread_link: str | None, description: str) -> Block:
-    """Who asked, who else took part, where, through which key; what the tool does."""
+OUTSIDERS = {
+    "guest": "⚠️ a guest of this workspace",
+    "external": "⚠️ of another organisation (Slack Connect)",
+}
+
+
+def _requested_by(
+    a: Approval, thread_link: str | None, description: str, requester: str | None = None
+) -> Block:
+    """Who asked (and whether they are a guest or of another organisation, `requester`),
+    who else took part, where, through which key; what the tool does."""
     r = a.request
     who = f"*Requested by* {mention(r.requester)}"
+    if requester in OUTSIDERS:
+        who += f", {OUTSIDERS[requester]}"
     if others := [p for p in dict.fromkeys(r.participants) if p != r.requester][:20]:
         who += f"  ·  also in the conversation: {', '.join(mention(p) for p in others)}"
     if shown := link(thread_link, "View the conversation"):
@@ -308,6 +354,8 @@ def _call_blocks(a: Approval) -> list[Block]:
     r, v = a.request, a.current
     out, shortened = _input_blocks(v.input, v.sources)
     preview, preview_cut = _preview(v.preview)
+    if hidden := hidden_text(r):
+        out.append(context(hidden))
     if history := history_text(r):
         out.append(context(history))
     shows = [button("Show conversation", "show_conversation", a.id)]
@@ -337,12 +385,14 @@ def approval_card(
     editable: bool = True,
     note: str = "",
     quotes: bool = True,
+    requester: str | None = None,
 ) -> Message:
     """The approvers' card: what, who, why, until when; buttons only while still pending.
 
     `description`: the tool's own, so the approver knows what the call does; `editable`:
     its input has a schema to edit it by (Edit & approve); `note`: where the tool comes from
-    (an MCP server's, with the server's read-only / destructive hint).
+    (an MCP server's, with the server's read-only / destructive hint); `requester`: "guest"
+    or "external" when the requester is one (bot/people.py `outsider_kind`).
     """
     r = a.request
     pending = a.decision is None
@@ -350,7 +400,7 @@ def approval_card(
     header = fit(f"{title}: {r.tool}", HEADER_MAX)[0]
     blocks: list[Block] = [
         {"type": "header", "text": {"type": "plain_text", "text": header}},
-        _requested_by(a, thread_link, description),
+        _requested_by(a, thread_link, description, requester),
         *_notes(a, note),
         *request_sections(r, quotes),
         *_call_blocks(a),

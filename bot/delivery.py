@@ -6,7 +6,6 @@ cannot be posted leaves the approval in the database, where /approvals pending f
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
@@ -31,13 +30,13 @@ from agent.outcomes import (
 from agent.workflow import Workflow
 from bot import messages
 from bot.card import approval_card, question_card
+from bot.links import KEPT, Links
 from bot.streaming import ReplyStream, Streams
 from storage.domain import Approval, Thread
 from storage.gateway_store import GATEWAY_CHANNEL
 
 log = logging.getLogger(__name__)
 
-PERMALINKS_KEPT = 4096
 THINKING = "is thinking…"
 # Marks a card in the channel as an approval's, so a sweep can find a post cut off.
 CARD_EVENT = "greenlight_approval_card"
@@ -61,22 +60,22 @@ class Delivery:
         stream_interval: float = 1.0,
         assistant_thread: Callable[[Thread], bool] = lambda thread: False,
         is_private: Callable[[AsyncWebClient, str], Awaitable[bool]] | None = None,
+        outsider: Callable[[AsyncWebClient, str, str], Awaitable[str | None]] | None = None,
     ) -> None:
         self._workflow = workflow
         # Whether a channel is private (bot/people.py): a card in a public one quotes no
         # conversation. None: every channel is taken to be private (the demo's).
         self._is_private = is_private
+        # Whether a requester is a guest or of another organisation (bot/people.py): the
+        # card says so. None: nobody is (the demo's).
+        self._outsider = outsider
         self._clock = clock
         self._stream_interval = stream_interval
         self._assistant_thread = assistant_thread
         self._channel_names: dict[str, str] = {}
         self._on_change: Callable[[AsyncWebClient, Approval], None] | None = None
-        # A message's permalink never changes: ask Slack once per message, not per redraw.
-        # Kept as tasks, so a lookup started early (see `warm_link`) is shared, not repeated.
-        self._permalinks: dict[tuple[str, str], asyncio.Future[str | None]] = {}
-        # The workspace's address (auth.test's `url`, asked once): with it a link is built
-        # as Slack builds it, without a call (two fewer per conversation; see Performance).
-        self._workspace: asyncio.Future[str | None] | None = None
+        self._links = Links()
+        self._permalink = self._links.link
 
     def watch(self, on_change: Callable[[AsyncWebClient, Approval], None]) -> None:
         """Be told of every change a card is redrawn for (the Home tabs, bot/home.py)."""
@@ -159,7 +158,7 @@ class Delivery:
             log.warning("no name for channel %s: %r", channel, exc)
             return None
         if isinstance(name, str) and name:
-            if len(self._channel_names) >= PERMALINKS_KEPT:
+            if len(self._channel_names) >= KEPT:
                 self._channel_names.clear()
             self._channel_names[channel] = name
             return name
@@ -182,17 +181,32 @@ class Delivery:
     async def sweep(
         self, client: AsyncWebClient, report: SweepReport, streams: Streams | None = None
     ) -> None:
-        for approval in report.uncarded:  # a post cut off: is the card out already?
-            found = await self._find_card(client, approval)
-            if found is None:
-                link = await self._permalink(client, approval.thread)
-                await self._post_card(client, approval, link)
-            elif found:
-                await self._workflow.follow_ups.card_posted(approval, ts=found)
+        for approval in report.uncarded:
+            await self._post_again(client, approval, escalated=False)
+        for approval in report.unescalated:
+            await self._post_again(client, approval, escalated=True)
         for approval in report.expired:
             await self.refresh_card(client, approval, final=True)
         for resumed in report.resumed:
             await self.resumed(client, resumed, streams)
+
+    async def _post_again(
+        self, client: AsyncWebClient, approval: Approval, *, escalated: bool
+    ) -> None:
+        """A card (`escalated`: the escalated card) whose post failed or was cut off: if it
+        is in the channel already, recorded as posted there; else posted."""
+        found = await self._find_card(client, approval, escalated=escalated)
+        if found is None:
+            link = await self._permalink(client, approval.thread)
+            channel = _channel(approval, escalated)
+            if await self._post(client, approval, channel, link, escalated=escalated) and escalated:
+                await self.refresh_card(client, approval)  # the first card says so
+        elif found:
+            done = await self._workflow.follow_ups.card_posted(
+                approval, ts=found, escalated=escalated
+            )
+            if done is not None and escalated:
+                await self.refresh_card(client, done)
 
     async def refresh_card(
         self, client: AsyncWebClient, approval: Approval, *, final: bool = False
@@ -258,24 +272,14 @@ class Delivery:
                 log.warning("could not remind %s: %s", user, exc.response.get("error"))
 
     async def _escalate(self, client: AsyncWebClient, due: Due) -> None:
-        """The card, also in the escalation channel; both are redrawn on every change."""
-        approval, escalation = due.approval, due.approval.escalation
-        if escalation is None or escalation.channel is None:
+        """The card, also in the escalation channel, through its outbox (a post that fails
+        is retried by a sweep); both are redrawn on every change."""
+        approval = due.approval
+        if approval.escalation is None or approval.escalation.channel is None:
             return
         link = await self._permalink(client, approval.thread)
-        try:
-            posted = await client.chat_postMessage(
-                channel=escalation.channel,
-                metadata=card_mark(approval),
-                unfurl_links=False,
-                unfurl_media=False,
-                **await self._card(client, escalation.channel, approval, link),
-            )
-        except SlackApiError as exc:
-            log.error("could not escalate %s: %s", approval.id, exc.response.get("error"))
-            return
-        await self._workflow.follow_ups.escalation_posted(approval, ts=str(posted["ts"]))
-        await self.refresh_card(client, approval)  # the first card says it was escalated
+        if await self._post(client, approval, approval.escalation.channel, link, escalated=True):
+            await self.refresh_card(client, approval)  # the first card says it was escalated
 
     async def say(
         self,
@@ -328,8 +332,27 @@ class Delivery:
             log.error("no approver channel for %s: set APPROVER_CHANNEL or route it", tool)
             return None
         channel = approval.card.channel
+        if (ts := await self._post(client, approval, channel, thread_link)) is None:
+            return None
+        in_thread = approval.thread.thread_ts if approval.request.asks == "requester" else None
+        return await self._permalink(client, Thread("", channel, ts), in_thread=in_thread)
+
+    async def _post(
+        self,
+        client: AsyncWebClient,
+        approval: Approval,
+        channel: str,
+        thread_link: str | None,
+        *,
+        escalated: bool = False,
+    ) -> str | None:
+        """Post the card (`escalated`: its copy in the escalation channel) from its outbox,
+        and record it posted; the ts of the card recorded, None when there is none. A
+        failure Slack may get over is left to a sweep; one for good is recorded (and the
+        requester told of the card's). A post that lost the race to be recorded (another
+        attempt's card is) is deleted: never two live cards."""
         # A question to the requester is asked in their thread.
-        asks_requester = approval.request.asks == "requester"
+        asks_requester = not escalated and approval.request.asks == "requester"
         try:
             posted = await client.chat_postMessage(
                 channel=channel,
@@ -341,29 +364,50 @@ class Delivery:
             )
         except SlackApiError as exc:
             error = exc.response.get("error")
-            log.error("could not post card %s: %s", approval.id, error)
-            if error not in TRANSIENT:  # for good: the requester must hear of it
-                await self._workflow.follow_ups.card_failed(approval)
-                await self.say(client, approval.thread, messages.card_failed_message(approval))
+            log.error("could not post card %s in %s: %s", approval.id, channel, error)
+            if error not in TRANSIENT:  # for good: the requester must hear of their card's
+                await self._workflow.follow_ups.card_failed(approval, escalated=escalated)
+                if not escalated:
+                    await self.say(client, approval.thread, messages.card_failed_message(approval))
             return None
         except aiohttp.ClientError as exc:  # after the client's retries; a sweep tries again
-            log.error("could not post card %s: %r", approval.id, exc)
+            log.error("could not post card %s in %s: %r", approval.id, channel, exc)
             return None
         ts = str(posted["ts"])
-        await self._workflow.follow_ups.card_posted(approval, ts=ts)
-        in_thread = approval.thread.thread_ts if asks_requester else None
-        return await self._permalink(client, Thread("", channel, ts), in_thread=in_thread)
+        follow_ups = self._workflow.follow_ups
+        if await follow_ups.card_posted(approval, ts=ts, escalated=escalated) is not None:
+            return ts
+        return await self._withdraw(client, approval, channel, ts, escalated=escalated)
 
-    async def _find_card(self, client: AsyncWebClient, approval: Approval) -> str | None:
-        """The ts of the approval's card if a post cut off reached the channel; None if it
-        did not; "" when the channel could not be read (the card is left for a later
-        sweep rather than risk a second one)."""
-        assert approval.card is not None
-        since = (approval.request.requested_at - HISTORY_MARGIN).timestamp()
-        channel, oldest = approval.card.channel, f"{since:.6f}"
+    async def _withdraw(
+        self, client: AsyncWebClient, approval: Approval, channel: str, ts: str, *, escalated: bool
+    ) -> str | None:
+        """A card posted whose outbox had moved on: deleted unless it is the one recorded;
+        the recorded card's ts."""
+        now = await self._workflow.reads.approval(approval.thread.team_id, approval.id)
+        place = (now.escalation if escalated else now.card) if now is not None else None
+        recorded = place.ts if place is not None else None
+        if recorded != ts:
+            try:
+                await client.chat_delete(channel=channel, ts=ts)
+            except (SlackApiError, aiohttp.ClientError) as exc:
+                log.error("could not delete a second card of %s: %r", approval.id, exc)
+        return recorded
+
+    async def _find_card(
+        self, client: AsyncWebClient, approval: Approval, *, escalated: bool = False
+    ) -> str | None:
+        """The ts of the approval's card (`escalated`: its escalated card) if a post cut off
+        reached the channel; None if it did not; "" when the channel could not be read (the
+        card is left for a later sweep rather than risk a second one)."""
+        place = approval.escalation if escalated else None  # posted once it was due
+        since = (
+            (place.at if place else approval.request.requested_at) - HISTORY_MARGIN
+        ).timestamp()
+        channel, oldest = _channel(approval, escalated), f"{since:.6f}"
         # One page, Slack's most: a card is posted soon after its request.
         try:
-            if approval.request.asks == "requester":  # asked in the requester's thread
+            if approval.request.asks == "requester" and not escalated:  # in their thread
                 history = await client.conversations_replies(
                     channel=channel,
                     ts=approval.thread.thread_ts,
@@ -411,68 +455,31 @@ class Delivery:
             editable=editable,
             note=self._workflow.runtime.note(r.tool),
             quotes=quotes,
+            requester=await self._requester(client, approval),
         )
+
+    async def _requester(self, client: AsyncWebClient, approval: Approval) -> str | None:
+        """Whether the requester is a guest or of another organisation, for the card; None
+        when not, or when Slack cannot say (the card goes out without it)."""
+        if self._outsider is None:
+            return None
+        try:
+            return await self._outsider(client, approval.request.requester, approval.thread.team_id)
+        except Exception as exc:
+            log.warning("no facts on the requester of %s: %r", approval.id, exc)
+            return None
 
     async def link(self, client: AsyncWebClient, thread: Thread) -> str | None:
         """The message's permalink (a thread's, or a card's), asked of Slack once."""
-        return await self._permalink(client, thread)
+        return await self._links.link(client, thread)
 
     def warm_link(self, client: AsyncWebClient, thread: Thread) -> None:
         """Start looking up the thread's link now, off the path of a card that may need it."""
-        self._lookup(client, thread)
+        self._links.warm(client, thread)
 
-    async def _permalink(
-        self, client: AsyncWebClient, thread: Thread, *, in_thread: str | None = None
-    ) -> str | None:
-        """`thread`'s message's link (`in_thread`: the root of the thread it is a reply in)."""
-        lookup = self._lookup(client, thread, in_thread)
-        link = await asyncio.shield(lookup)  # one waiter cancelled must not cancel the others
-        if link is None and self._permalinks.get((thread.channel_id, thread.thread_ts)) is lookup:
-            del self._permalinks[(thread.channel_id, thread.thread_ts)]  # ask again next time
-        return link
 
-    def _lookup(
-        self, client: AsyncWebClient, thread: Thread, in_thread: str | None = None
-    ) -> asyncio.Future[str | None]:
-        key = (thread.channel_id, thread.thread_ts)
-        if (known := self._permalinks.get(key)) is None:
-            if len(self._permalinks) >= PERMALINKS_KEPT:
-                del self._permalinks[next(iter(self._permalinks))]  # the oldest
-            asked = self._ask(client, thread, in_thread)
-            known = self._permalinks[key] = asyncio.ensure_future(asked)
-        return known
-
-    async def _ask(
-        self, client: AsyncWebClient, thread: Thread, in_thread: str | None
-    ) -> str | None:
-        """The link, or None: a card without it still works, so nothing here may fail it."""
-        if thread.channel_id == GATEWAY_CHANNEL:
-            return None  # a gateway request's: no Slack thread is behind it
-        if self._workspace is None:
-            self._workspace = asyncio.ensure_future(self._address(client))
-        if (base := await asyncio.shield(self._workspace)) is not None:
-            channel, ts = thread.channel_id, thread.thread_ts
-            built = f"{base}archives/{channel}/p{ts.replace('.', '')}"
-            reply = in_thread is not None and in_thread != ts
-            return built + f"?thread_ts={in_thread}&cid={channel}" if reply else built
-        try:
-            response = await client.chat_getPermalink(
-                channel=thread.channel_id, message_ts=thread.thread_ts
-            )
-        except Exception as exc:
-            log.warning("no permalink for %s: %r", thread.channel_id, exc)
-            return None
-        link = response.get("permalink")
-        return str(link) if link else None
-
-    async def _address(self, client: AsyncWebClient) -> str | None:
-        """ "https://acme.slack.com/", or None (links are then asked for; asked again later)."""
-        try:
-            url = (await client.auth_test()).get("url")
-        except Exception as exc:
-            log.warning("no workspace address: %r", exc)
-            url = None
-        if isinstance(url, str) and url.startswith("https://") and url.endswith("/"):
-            return url
-        self._workspace = None
-        return None
+def _channel(approval: Approval, escalated: bool) -> str:
+    """Where the card (`escalated`: its escalated copy) goes."""
+    place = approval.escalation if escalated else approval.card
+    assert place is not None and place.channel is not None
+    return place.channel

@@ -1,9 +1,10 @@
-"""The App Home tab: each person's inbox, own requests and (for admins) the policy, kept
-fresh as approvals change.
+"""The App Home tab: each person's inbox, standing approvals to revoke, own requests and (for
+admins) the policy, kept fresh as approvals change.
 
 Published per person with views.publish. Its buttons are the approval card's own (the same
 action ids and values, bot/card.py), so a decision made here goes through the very
-listeners, rules and writes a card's does (bot/listeners/actions.py). Which Home shows
+listeners, rules and writes a card's does (bot/listeners/actions.py); and on one's own
+requests, the Withdraw of the note in their thread, likewise. Which Home shows
 what is remembered per process, boundedly: a replica refreshes only the Homes it published.
 """
 
@@ -28,22 +29,31 @@ from bot.block_kit import (
     chunks,
     code,
     context,
+    date,
     link,
     mention,
     section,
     summary,
     utc,
 )
-from bot.card import answer_button, decision_buttons, quorum_text
+from bot.card import (
+    answer_button,
+    calls_ran,
+    decision_buttons,
+    quorum_text,
+    revoke_button,
+    withdraw_button,
+)
 from bot.people import People
-from bot.safe_text import fit
-from storage.domain import Approval, Thread
+from bot.safe_text import escape, fit
+from storage.domain import Approval, Approved, Thread
 
 log = logging.getLogger(__name__)
 
 ITEMS = 10  # per list; the rest are counted ("and 4 more")
 INBOX_SCAN = 100  # oldest pending requests looked at for one person's inbox
 OWN_SCAN = 50  # of one person's own open requests
+GRANTS_SCAN = 50  # live standing approvals looked at for one person's Revoke buttons
 DEBOUNCE = 1.5  # seconds: changes within it publish a person's Home once
 KEPT = 10_000  # people whose Home this process remembers; the least recent are forgotten
 RECENT = 15 * 60.0  # seconds: a Home opened longer ago is not refreshed (it is on reopening)
@@ -64,6 +74,14 @@ def _question(a: Approval) -> str | None:
     return fit(asked, 300)[0] if isinstance(asked, str) else None
 
 
+def hidden_mark(a: Approval) -> str:
+    """`  ·  🔒 hidden by policy: password`: a request's redacted fields, after its summary."""
+    if not a.request.secrets:
+        return ""
+    names = ", ".join(code(escape(s.name)) for s in a.request.secrets[:5])
+    return f"  ·  🔒 hidden by policy: {names}"
+
+
 def inbox_item(a: Approval, *, card_link: str | None, editable: bool) -> list[Block]:
     """One request to decide: tool, requester, key arguments, age; the card's buttons."""
     r = a.request
@@ -74,7 +92,7 @@ def inbox_item(a: Approval, *, card_link: str | None, editable: bool) -> list[Bl
     if (asked := _question(a)) is not None:
         line += f"\n_The agent asks:_ {asked}"
     elif taste := summary(a.current.input):  # the version a click decides
-        line += f"\n{taste}"
+        line += f"\n{taste}" + hidden_mark(a)
     if a.edit is not None:
         line += f"\n✏️ _changed by {mention(a.edit.by)} (version {a.version})_"
     if r.approvals_needed > 1:
@@ -84,6 +102,23 @@ def inbox_item(a: Approval, *, card_link: str | None, editable: bool) -> list[Bl
     return [
         section(line),
         {"type": "actions", "block_id": f"home:{a.id}", "elements": buttons},
+    ]
+
+
+def standing_item(a: Approval, *, card_link: str | None) -> list[Block]:
+    """One live standing approval its reader may end: tool, requester, until when, how many
+    calls ran under it; the card's Revoke."""
+    r, g = a.request, a.standing
+    assert g is not None
+    line = f"{code(r.tool)} for {mention(r.requester)}  ·  until {date(g.until)}"
+    if shown := link(card_link, "open the card"):
+        line += f"  ·  {shown}"
+    line += f"\n{calls_ran(g.uses)}"
+    if isinstance(a.decision, Approved):
+        line += f" (granted by {mention(a.decision.by)})"
+    return [
+        section(line),
+        {"type": "actions", "block_id": f"home-standing:{a.id}", "elements": [revoke_button(a)]},
     ]
 
 
@@ -102,18 +137,32 @@ def status(a: Approval, turn_waits: bool) -> str:
 
 
 def own_item(a: Approval, *, thread_link: str | None, turn_waits: bool) -> Block:
-    r = a.request
+    """One of the person's own requests: where it is, and while it waits, theirs to answer
+    (a question to them) or to withdraw (a request for approval). `thread_link`: its thread,
+    or for a gateway request (no thread behind it), its card."""
+    r, via = a.request, a.request.context.via
     line = f"{code(r.tool)}  ·  asked {_ago(r.requested_at)}  ·  *{status(a, turn_waits)}*"
-    if shown := link(thread_link, "the thread"):
+    if shown := link(thread_link, "the thread" if via is None else "the card"):
         line += f"  ·  {shown}"
+    if via is not None:
+        line += f"  ·  through key `{escape(via.key)}`"
     if (asked := _question(a)) is not None:
         line += f"\n{asked}"
     elif taste := summary(a.current.input):  # what will run, edits included
-        line += f"\n{taste}"
+        line += f"\n{taste}" + hidden_mark(a)
     item = section(line)
     if r.asks == "requester" and a.decision is None:  # theirs to answer, here too
         item["accessory"] = answer_button(a)
+    elif not r.question and a.decision is None:  # theirs to take back
+        item["accessory"] = withdraw_button(a)
     return item
+
+
+def _where(a: Approval) -> Thread | None:
+    """Where one's own request is seen: its thread, or a gateway request's card."""
+    if a.request.context.via is None:
+        return a.thread
+    return Thread("", a.card.channel, a.card.ts) if a.card and a.card.ts else None
 
 
 def _more(shown: int, found: int, scanned: int) -> Block | None:
@@ -127,6 +176,7 @@ def home_view(
     *,
     inbox: Sequence[Approval],
     own: Sequence[Approval],
+    grants: Sequence[Approval] = (),
     card_links: Mapping[str, str | None],
     thread_links: Mapping[str, str | None],
     editable: Callable[[str], bool],
@@ -144,6 +194,16 @@ def home_view(
         out.append(context("_Nothing waits for your decision._"))
     if more := _more(ITEMS, len(inbox), INBOX_SCAN):
         out.append(more)
+    if grants:
+        title = "Standing approvals you may revoke"
+        out += [
+            {"type": "divider"},
+            {"type": "header", "text": {"type": "plain_text", "text": title}},
+        ]
+        for a in grants[:ITEMS]:
+            out += standing_item(a, card_link=card_links.get(a.id))
+        if len(grants) > ITEMS:
+            out.append(context(f"…and {len(grants) - ITEMS} more — on their cards"))
     out += [
         {"type": "divider"},
         {"type": "header", "text": {"type": "plain_text", "text": "Your requests"}},
@@ -232,21 +292,23 @@ class HomeTabs:
     async def _publish(self, client: AsyncWebClient, team: str, user: str) -> None:
         facts = self._people.deciding(client, user, clicked_in=None, home=True)
         inbox = await self._workflow.reads.inbox(team, user, facts, scan=INBOX_SCAN)
+        grants = await self._workflow.reads.revocable(team, user, facts, scan=GRANTS_SCAN)
         own = await self._workflow.reads.requested_by(team, user, limit=OWN_SCAN)
         admin = await self._people.is_admin(client, user, team)
         policy = await self._summary(self._workflow, team) if admin else None
         cards = [
             (a.id, Thread("", a.card.channel, a.card.ts))
-            for a in inbox[:ITEMS]
+            for a in (*inbox[:ITEMS], *grants[:ITEMS])
             if a.card and a.card.ts
         ]
-        threads = [(a.id, a.thread) for a in own[:ITEMS]]
+        threads = [(a.id, t) for a in own[:ITEMS] if (t := _where(a)) is not None]
         found = await asyncio.gather(*(self._links(client, t) for _, t in (*cards, *threads)))
         card_links = dict(zip([i for i, _ in cards], found[: len(cards)], strict=True))
         thread_links = dict(zip([i for i, _ in threads], found[len(cards) :], strict=True))
         view = home_view(
             inbox=inbox,
             own=own,
+            grants=grants,
             card_links=card_links,
             thread_links=thread_links,
             editable=lambda tool: self._workflow.runtime.edit_form(tool) is not None,
@@ -258,7 +320,9 @@ class HomeTabs:
         except SlackApiError as exc:
             log.warning("could not publish the Home of %s: %s", user, exc.response.get("error"))
             return
-        self._remember((team, user), {a.id for a in (*inbox[:ITEMS], *own[:ITEMS])})
+        self._remember(
+            (team, user), {a.id for a in (*inbox[:ITEMS], *grants[:ITEMS], *own[:ITEMS])}
+        )
 
     def _remember(self, key: Key, ids: set[str]) -> None:
         self._forget(key)

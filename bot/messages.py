@@ -9,7 +9,20 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
-from bot.block_kit import Message, channel_mention, code, date, link, mention, summary, text_message
+from bot.block_kit import (
+    Block,
+    Message,
+    channel_mention,
+    code,
+    context,
+    date,
+    link,
+    mention,
+    section,
+    summary,
+    text_message,
+)
+from bot.card import withdraw_button
 from bot.safe_text import fit
 from storage.domain import Approval
 
@@ -17,6 +30,8 @@ if TYPE_CHECKING:
     from agent.outcomes import Busy
 
 REPLY_MAX = 39000
+WITHDRAWABLE = 20  # Withdraw buttons on one note (a Slack message has at most 50 blocks)
+WITHDRAW_BLOCK = "withdraw"
 MODEL_UNAVAILABLE = "The model is unavailable right now. Try again in a few minutes."
 
 
@@ -26,7 +41,8 @@ def requester_note(
     card_link: str | None = None,
     card_links: Sequence[str | None] = (),
 ) -> Message:
-    """Tell the requester, in their thread, what the agent waits for and where to look.
+    """Tell the requester, in their thread, what the agent waits for and where to look, with
+    a Withdraw button for each request that waits for approval.
 
     Takes one approval (with `card_link`) or all a turn stopped on (`card_links` in order).
     """
@@ -34,7 +50,9 @@ def requester_note(
     links = [card_link] if isinstance(approvals, Approval) else list(card_links)
     asked = [a for a in every if a.request.question]
     if asked:
-        return _question_note(asked, [a for a in every if not a.request.question])
+        return _withdrawable(
+            _question_note(asked, [a for a in every if not a.request.question]), every
+        )
     many = every
     where = " and ".join(
         dict.fromkeys(channel_mention(a.card.channel if a.card else None) for a in many[:20])
@@ -42,17 +60,56 @@ def requester_note(
     items = []
     for i, a in enumerate(many[:20]):
         url = links[i] if i < len(links) else None
-        taste = f" ({s})" if (s := summary(a.request.input)) else ""
         shown = link(url, "see the request")
-        items.append((f"{code(a.request.tool)}{taste}", f" ({shown})" if shown else ""))
+        items.append((_what(a), f" ({shown})" if shown else ""))
     if len(items) == 1:
         (what, there), done = items[0], "I'll continue here once someone decides."
-        return text_message(f"I need approval to run {what}. I've asked in {where}{there} — {done}")
+        note = text_message(f"⏳ Waiting for approval in {where}{there} to run {what} — {done}")
+        return _withdrawable(note, many)
     lines = "".join(f"\n• {what}{there}" for what, there in items)
     more = f"\n…and {len(many) - 20} more" if len(many) > 20 else ""
     done = "I'll continue here once they're decided."
     text = f"I need approval for {len(many)} actions:{lines}{more}"
-    return text_message(f"{text}\nI've asked in {where or channel_mention(None)} — {done}")
+    waiting = f"⏳ Waiting for approval in {where or channel_mention(None)} — {done}"
+    return _withdrawable(text_message(f"{text}\n{waiting}"), many)
+
+
+def _withdrawable(note: Message, approvals: Sequence[Approval]) -> Message:
+    """The note with a Withdraw button for each request it names that waits for approval:
+    one row for one, else the request's tool beside each (Slack shows at most 50 blocks)."""
+    waiting = [a for a in approvals if not a.request.question][:WITHDRAWABLE]
+    if len(waiting) == 1:
+        button = withdraw_button(waiting[0])
+        row = {"type": "actions", "block_id": WITHDRAW_BLOCK, "elements": [button]}
+        return note | {"blocks": [*note["blocks"], row]}
+    rows = [section(_what(a)) | {"accessory": withdraw_button(a)} for a in waiting]
+    return note | {"blocks": [*note["blocks"], *rows]}
+
+
+def _what(a: Approval) -> str:
+    """A request as the requester knows it: its tool and a taste of its input."""
+    return code(a.request.tool) + (f" ({s})" if (s := summary(a.request.input)) else "")
+
+
+def withdrawn_note(blocks: list[Block], approval_id: str) -> list[Block]:
+    """The note in the requester's thread once they withdrew `approval_id` from it: its
+    Withdraw button goes, and what it was beside says it was withdrawn."""
+    out: list[Block] = []
+    for block in blocks:
+        accessory = block.get("accessory")
+        elements = block.get("elements") if block.get("type") == "actions" else None
+        if isinstance(accessory, dict) and accessory.get("value") == approval_id:
+            block = {k: v for k, v in block.items() if k != "accessory"}
+            text = dict(block.get("text") or {})
+            text["text"] = f"{text.get('text', '')}  ·  ↩️ _withdrawn_"
+            out.append(block | {"text": text})
+        elif isinstance(elements, list) and any(
+            isinstance(e, dict) and e.get("value") == approval_id for e in elements
+        ):
+            out.append(context("↩️ _You withdrew this request._"))
+        else:
+            out.append(block)
+    return out
 
 
 def _question_note(asked: Sequence[Approval], approvals: Sequence[Approval]) -> Message:

@@ -38,7 +38,8 @@ class Metrics(Observer):
         )
         self._decisions = Counter(
             "greenlight_decisions_total",
-            "Requests settled, by tool and outcome (approved, denied, expired, answered)",
+            "Requests settled, by tool and outcome (approved, denied, expired, answered, "
+            "withdrawn, standing: approved by a standing approval as it was made)",
             ["tool", "outcome"],
             registry=registry,
         )

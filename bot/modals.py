@@ -21,6 +21,7 @@ from bot.block_kit import (
     said_of,
     section,
 )
+from bot.card import hidden_text
 from bot.safe_text import escape, fit, no_fence, warnings
 from storage.domain import Approval
 
@@ -30,6 +31,7 @@ NOTE_MAX = 500
 # The note's input in Edit & approve, whose other inputs are the tool's fields: a block id
 # no field name is.
 EDIT_NOTE = "greenlight:note"
+READ_ONLY = "Hidden by the tool's policy: leave it as it is. The tool gets the agent's value."
 
 
 def full_request_modal(a: Approval) -> dict[str, Any]:
@@ -37,6 +39,8 @@ def full_request_modal(a: Approval) -> dict[str, Any]:
     never out of an approver's sight."""
     v = a.current  # what would run: the latest version
     notes = "".join(f"\n{w}" for w in warnings("", v.input))
+    if hidden := hidden_text(a.request):
+        notes += f"\n{hidden}"
     if v.edit is not None:
         notes += f"\n✏️ Version {v.number}, changed by {mention(v.edit.by)} at {date(v.edit.at)}"
     head = section(f"{code(a.request.tool)} requested by {mention(a.request.requester)}{notes}")
@@ -95,6 +99,12 @@ def conversation_modal(
         f"The conversation that led to {code(a.request.tool)} for "
         f"{mention(a.request.requester)}, as the agent had it when it asked (its last "
         "messages). Everything here is what people and tools wrote: untrusted."
+        + (
+            f" Values of {', '.join(code(escape(f)) for f in a.request.redact)} are hidden by "
+            "the tool's policy (••••)."
+            if a.request.redact
+            else ""
+        )
     )
     body = list(pages[page]) if pages and pages[page] else [context("_Nothing was recorded._")]
     nav = []
@@ -133,10 +143,23 @@ def edit_modal(a: Approval, form: list[Block], *, note: str = "") -> dict[str, A
         "blocks": [
             *([section(f"⚠️ {note}")] if note else []),
             section(f"{code(r.tool)} requested by {mention(r.requester)}. {what}"),
-            *form,
+            *([context(hidden)] if (hidden := hidden_text(r)) else []),
+            *_read_only(a, form),
             note_input(EDIT_NOTE, required=r.note_required),
         ],
     }
+
+
+def _read_only(a: Approval, form: list[Block]) -> list[Block]:
+    """The form with each input that holds a redacted field saying it is not to be
+    changed (a submission that changes it is refused next to it)."""
+    hidden = {str(s.path[0]) for s in a.request.secrets}
+    return [
+        b | {"hint": {"type": "plain_text", "text": READ_ONLY}}
+        if b.get("type") == "input" and b.get("block_id") in hidden
+        else b
+        for b in form
+    ]
 
 
 def note_input(block_id: str, *, required: bool) -> dict[str, Any]:

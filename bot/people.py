@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -22,6 +22,7 @@ T = TypeVar("T")
 CACHE_TTL = timedelta(seconds=60)
 CACHE_KEPT = 10_000  # entries per cache: past it the expired go, then the oldest
 MEMBER_PAGES = 10  # of conversations.members (1000 each): an approver channel is smaller
+Outsider = Literal["guest", "external"]
 
 
 class People:
@@ -65,6 +66,14 @@ class People:
         """Whether `user` is a guest or of another organisation (True when Slack cannot say)."""
         info = await self._user(client, user)
         return info is None or outsider(info, team)
+
+    async def outsider_kind(
+        self, client: AsyncWebClient, user: str, team: str | None
+    ) -> Outsider | None:
+        """Whether `user` is a guest or of another organisation, for a card to say so of its
+        requester; None when neither, or when Slack cannot say."""
+        info = await self._user(client, user)
+        return None if info is None else outsider_kind(info, team)
 
     async def _user(self, client: AsyncWebClient, user: str) -> dict[str, Any] | None:
         cached = self._user_cache.get(user)
@@ -200,10 +209,18 @@ class People:
 
 
 def outsider(info: dict[str, Any], team: str | None) -> bool:
-    """A guest (`is_restricted`: multi-channel, `is_ultra_restricted`: single-channel), or
-    a person whose home is another organisation (a Slack Connect channel's member): neither
-    may approve or administer, whatever else they are."""
-    if info.get("is_restricted") or info.get("is_ultra_restricted") or info.get("is_stranger"):
-        return True
+    """A guest, or a person of another organisation (`outsider_kind`): neither may approve
+    or administer, whatever else they are."""
+    return outsider_kind(info, team) is not None
+
+
+def outsider_kind(info: dict[str, Any], team: str | None) -> Outsider | None:
+    """ "guest" (`is_restricted`: multi-channel, `is_ultra_restricted`: single-channel),
+    "external" (a person whose home is another organisation: a Slack Connect channel's
+    member), or None."""
+    if info.get("is_restricted") or info.get("is_ultra_restricted"):
+        return "guest"
     home = info.get("team_id")
-    return team is not None and home is not None and home != team
+    if info.get("is_stranger") or (team is not None and home is not None and home != team):
+        return "external"
+    return None

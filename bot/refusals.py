@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import assert_never
 
 from bot.block_kit import code, date, mention
-from storage.domain import Answered, Approval, Approved, Denied, Expired, RefusalReason
+from storage.domain import Answered, Approval, Approved, Denied, Expired, RefusalReason, Withdrawn
 
 NOT_FOUND = "I can't find that approval request any more."
 REVOKERS = (
@@ -59,6 +59,9 @@ def refusal_text(reason: RefusalReason, a: Approval | None) -> str:
             return "That request asks for an approval, not an answer."
         case "not_the_requester":
             return f"The agent asked {mention(a.request.requester) if a else 'the requester'} this."
+        case "not_theirs":
+            who = mention(a.request.requester) if a else "the person who asked for it"
+            return f"Only {who}, who asked for this, can withdraw it. That changed nothing."
         case "already_decided":
             return _already_decided(a)
         case "not_found":
@@ -90,6 +93,8 @@ def _already_decided(a: Approval | None) -> str:
             return f"Already approved by {mention(by)} at {date(at)}."
         case Denied(by=by, at=at):
             return f"Already denied by {mention(by)} at {date(at)}."
+        case Withdrawn(by=by, at=at):
+            return f"Already withdrawn by {mention(by)}, who asked for it, at {date(at)}."
     return "Someone already decided this request."
 
 

@@ -176,13 +176,15 @@ class Service:
         s = self.settings
         assistant = AssistantThreads(s.ASSISTANT_PROMPTS)
         people = People(admin_users=s.ADMIN_USERS, clock=self._clock)
+        # Its own cache: a card's post must not make a click see a channel's privacy late.
+        for_cards = People(admin_users=s.ADMIN_USERS, clock=self._clock)
         delivery = Delivery(
             workflow,
             clock=self._clock,
             stream_interval=s.STREAM_INTERVAL_SECONDS,
             assistant_thread=assistant.knows,
-            # Its own cache: a card's post must not make a click see a channel's privacy late.
-            is_private=People(admin_users=s.ADMIN_USERS, clock=self._clock).is_private,
+            is_private=for_cards.is_private,
+            outsider=for_cards.outsider_kind,
         )
         home = HomeTabs(
             workflow=workflow,

@@ -157,8 +157,10 @@ class ApiDoor:
             return found
         if status_of(found) != "approved" or not await self._requests.start(found):
             return problem(409, "not approved, or started already: do not act")
+        # The caller's own key, acting now: the input to act on, redacted values and all
+        # (they are the caller's own; edits never change them).
         return web.json_response(
-            {"id": found.id, "status": "started", "input": shown(found)["input"]}
+            {"id": found.id, "status": "started", "input": found.current.actual}
         )
 
     async def _finish(self, request: web.Request) -> web.Response:
@@ -194,8 +196,13 @@ _STATUS = {
         "decided_by": {"type": ["string", "null"]},
         "reason": {"type": ["string", "null"]},
         "input": {"type": "object"},
+        "note": {
+            "type": ["string", "null"],
+            "description": "the approver's note to the agent (Approve with note), else null",
+        },
+        "redacted": {"type": "array", "items": {"type": "string"}},
     },
-    "required": ["id", "status", "decided_by", "reason", "input"],
+    "required": ["id", "status", "decided_by", "reason", "input", "note"],
 }
 
 

@@ -76,6 +76,7 @@ def new_approval(
         participants=(key.user_id,),
         approvals_needed=policy.approvals,
         note_required=policy.note_required,  # and no standing approval: none covers the gateway
+        redact=policy.redact,
         context=Context(
             agent=None if words is None else Said(words[:SAID_MAX], len(words)),
             history=history,

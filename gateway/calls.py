@@ -24,6 +24,7 @@ from genkit.middleware import MultipartToolResponse
 
 from agent.gate import DEFAULT_TOOL_TIMEOUTS, ToolTimeouts, recorded
 from agent.inputs import input_errors, jsonable
+from agent.interrupts import WITHDRAWN
 from agent.keys import ApiKey
 from agent.limits import MessageLimits
 from agent.observer import Observer, execution_outcome
@@ -33,7 +34,7 @@ from agent.workflow import Workflow
 from gateway.asking import Caller as Caller, Show, history_of, new_approval
 from gateway.waiting import Decisions, Waiters
 from storage.approval_store import ApprovalStore
-from storage.domain import Approval, Approved, Denied, Expired, Finished, Started
+from storage.domain import Approval, Approved, Denied, Expired, Finished, Started, Withdrawn
 from storage.gateway_store import GatewayStore
 from storage.lifecycle import IllegalTransition
 
@@ -69,7 +70,7 @@ class Outcome:
     error: str | None = None
     changes: dict[str, Any] | None = None  # approved with changes: what changed
     approval: Approval | None = None
-    status: str = "ran"  # ran, denied, expired, unknown, allowed
+    status: str = "ran"  # ran, denied, expired, withdrawn, unknown, allowed
 
 
 @dataclass(frozen=True)
@@ -276,6 +277,8 @@ class Gateway:
                 return Outcome(
                     False, None, "expired: nobody decided in time", None, approval, "expired"
                 )
+            case Withdrawn():
+                return Outcome(False, None, WITHDRAWN, None, approval, "withdrawn")
             case _:
                 return Outcome(False, None, "not decided", None, approval, "unknown")
 
@@ -283,7 +286,7 @@ class Gateway:
         """Run the approved call (the edited input after Edit & approve) once, behind the
         gate; a permission prompt's caller runs it itself, so its output is the input."""
         r = approval.request
-        args = approval.edit.input if approval.edit else r.input
+        args = approval.current.actual  # redacted fields' values back: the tool's input
         changes = approval.edit.changes(r.input) if approval.edit else None
         try:
             await self.approvals.executions.start_execution(approval, now=self.clock())

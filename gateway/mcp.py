@@ -34,6 +34,7 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
 
+from agent.gate import note_of
 from agent.keys import ApiKeys
 from gateway.api import bearer, unauthorized
 from gateway.calls import (
@@ -108,14 +109,27 @@ def initialize_client(message: Any) -> str | None:
 
 def _result(outcome: Outcome) -> types.CallToolResult:
     """The call's result as MCP has it: the output as JSON text (and structured when it is
-    an object); or an error result saying why nothing ran."""
-    if outcome.error is not None and outcome.status in ("denied", "expired", "unknown"):
+    an object); or an error result saying why nothing ran. An approved call's output comes
+    wrapped, `{"output": …}`, when there is more to say: the approver's changes
+    (`approved_with_changes`) and note (`note`: the caller's model reads it, as Greenlight's
+    own agent does, agent/gate.py)."""
+    if outcome.error is not None and outcome.status in (
+        "denied",
+        "expired",
+        "withdrawn",
+        "unknown",
+    ):
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=outcome.error)], is_error=True
         )
     body: Any = outcome.output
+    more: dict[str, Any] = {}
     if outcome.changes is not None:
-        body = {"output": outcome.output, "approved_with_changes": outcome.changes}
+        more["approved_with_changes"] = outcome.changes
+    if outcome.status == "ran" and outcome.approval is not None:
+        more |= note_of(outcome.approval)
+    if more:
+        body = {"output": outcome.output} | more
     text = json.dumps(body, ensure_ascii=False, default=str)
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=text)],

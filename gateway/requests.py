@@ -10,25 +10,25 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
+from agent.gate import note_of
+from agent.interrupts import WITHDRAWN
 from agent.keys import ApiKey
+from agent.outcomes import DecisionRefused
 from gateway.asking import Caller
 from gateway.calls import Gateway
-from storage.domain import Approval, Approved, Denied
+from storage.domain import Approval, Approved, Denied, Withdrawn
 from storage.gateway_store import Exists
 from storage.lifecycle import IllegalTransition
 
 ALLOWED_BY = "greenlight"  # who "approved" a request policy allowed outright
-WITHDRAWN = "withdrawn by the caller"
 
 
 def status_of(approval: Approval) -> str:
-    """pending, approved, denied, expired or cancelled (withdrawn by its caller)."""
+    """pending, approved, denied, expired or cancelled (withdrawn by its requester)."""
     match approval.decision:
         case None:
             return "pending"
-        case Denied(by=by, reason=reason) if (
-            by == approval.request.requester and reason == WITHDRAWN
-        ):
+        case Withdrawn():
             return "cancelled"
         case Approved():
             return "approved"
@@ -39,15 +39,31 @@ def status_of(approval: Approval) -> str:
 
 
 def shown(approval: Approval) -> dict[str, Any]:
-    """A request as the API answers it (and as its callback says it)."""
+    """A request as the API answers it (and as its callback says it): to any key of the
+    workspace, so its redacted fields are `•••• (N characters)`, named in `redacted` (absent
+    when none are). Only `start`, for the requester's own keys, answers the input to act
+    on, values and all."""
     decision = approval.decision
+    reason = WITHDRAWN if isinstance(decision, Withdrawn) else None
+    hidden = [s.name for s in approval.request.secrets]
     return {
         "id": approval.id,
         "status": status_of(approval),
         "decided_by": getattr(decision, "by", None),
-        "reason": getattr(decision, "reason", None),
-        "input": approval.edit.input if approval.edit else approval.request.input,
+        "reason": getattr(decision, "reason", reason),
+        "input": approval.current.input,
+        "note": note_shown(approval),
+        **({"redacted": hidden} if hidden else {}),
     }
+
+
+def note_shown(approval: Approval) -> str | None:
+    """The approvers' note (Approve with note, or a note with Edit & approve) as Greenlight's
+    own agent would get it (agent/gate.py `note_of`); None when they left none. A request
+    policy allowed has none: its decision's reason says why it was allowed, not a note."""
+    if getattr(approval.decision, "by", None) == ALLOWED_BY:
+        return None
+    return note_of(approval).get("note")
 
 
 class Requests:
@@ -160,14 +176,14 @@ class Requests:
         return True
 
     async def cancel(self, approval: Approval) -> bool:
-        """Withdraw a pending request (a DENY by its own requester, saying so): False when
-        it is no longer pending."""
+        """WITHDRAW a pending request, as its requester (the key's owner) does with Slack's
+        Withdraw: False when it is no longer pending."""
         try:
-            done, _ = await self._g.approvals.decisions.decide(
-                approval, Denied(approval.request.requester, self._g.clock(), WITHDRAWN)
+            decided = await self._g.workflow.decisions.withdraw(
+                approval.thread.team_id, approval.id, approval.request.requester
             )
-        except IllegalTransition:
+        except DecisionRefused:
             return False
         with contextlib.suppress(Exception):
-            await self._g.refresh_card(done)
+            await self._g.refresh_card(decided.approval)
         return True

@@ -1,4 +1,5 @@
-"""Decisions in storage: Approve (a vote, or the approval), Deny, an edit, an answer, expiry.
+"""Decisions in storage: Approve (a vote, or the approval), Deny, an edit, an answer, a
+withdrawal, expiry.
 
 Each is one conditional write with its audit row (an edit, rare, is one transaction), from
 storage/lifecycle.py by way of storage/transitions.py: of two clicks, two replicas or a
@@ -16,7 +17,16 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from storage.db import SessionFactory, autocommit
-from storage.domain import Answered, Approval, ApprovalState, Approved, Denied, Edit, Vote
+from storage.domain import (
+    Answered,
+    Approval,
+    ApprovalState,
+    Approved,
+    Denied,
+    Edit,
+    Vote,
+    Withdrawn,
+)
 from storage.lifecycle import (
     ANSWER,
     APPROVE,
@@ -24,6 +34,7 @@ from storage.lifecycle import (
     EDIT,
     EXPIRE,
     VOTE,
+    WITHDRAW,
     IllegalTransition,
     Requirement,
 )
@@ -101,6 +112,10 @@ DENYING = Atomic(
     write(
         DENY, decided_by=sa.bindparam("by"), decided_at=NOW, reason=sa.bindparam("because")
     ).returning(OTHERS_PENDING),
+    NOTE,
+)
+WITHDRAWING = Atomic(
+    write(WITHDRAW, decided_by=sa.bindparam("by"), decided_at=NOW).returning(OTHERS_PENDING),
     NOTE,
 )
 # EDIT: a new version, its votes the editor's alone; in one transaction (edits are rare).
@@ -229,6 +244,16 @@ class DecisionStore:
         params = {"by": answered.by, "answer": answered.answer, "now": answered.at}
         done = replace(approval, decision=answered)
         row = await change(self._sessions, ANSWERING, ANSWER, done, answered.at, params)
+        return approval_of(row._mapping, approval.thread), int(row.others_pending)
+
+    async def withdraw(self, approval: Approval, withdrawn: Withdrawn) -> tuple[Approval, int]:
+        """WITHDRAW a pending request, by its requester, audited: the approval as it is now,
+        and how many of its turn's requests still wait. IllegalTransition (with the current
+        approval) when it was settled already, its deadline passed, or `withdrawn.by` is not
+        its requester."""
+        params = {"by": withdrawn.by, "now": withdrawn.at}
+        done = replace(approval, decision=withdrawn)
+        row = await change(self._sessions, WITHDRAWING, WITHDRAW, done, withdrawn.at, params)
         return approval_of(row._mapping, approval.thread), int(row.others_pending)
 
     async def expire(self, approval: Approval, *, now: datetime) -> Approval:

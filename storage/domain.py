@@ -1,17 +1,19 @@
 """What an approval is, as every layer sees it: requests, decisions, executions, versions, states.
 
-A leaf: it imports nothing of the project, so storage, the agent and both transports import
-these values from here directly (storage/lifecycle.py says how they may change; storage
-reads and writes them; the transports render them).
+A leaf: it imports nothing of the project but storage/redaction.py (a leaf too), so storage,
+the agent and both transports import these values from here directly (storage/lifecycle.py
+says how they may change; storage reads and writes them; the transports render them).
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as _replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, overload
+
+from storage.redaction import Secret, hide, reveal, scrub
 
 
 class ApprovalState(enum.StrEnum):
@@ -20,6 +22,7 @@ class ApprovalState(enum.StrEnum):
     DENIED = "denied"
     EXPIRED = "expired"
     ANSWERED = "answered"  # a question's (an interrupt that asks a person for input)
+    WITHDRAWN = "withdrawn"  # by its requester, while it waited
 
 
 class ExecutionState(enum.StrEnum):
@@ -159,12 +162,47 @@ class Request:
     # The model's own arguments, when they differ from `input`: the tool's schema coerced
     # them ("250000" into 250000), or they are not an object (`input` shows 5 as
     # {"value": 5}). A restart carries them exactly, and the schema coerces them again.
-    asked: Any = None
+    # Read by the resume alone: with redacted fields, they hold the values whole.
+    asked: Any = field(default=None, repr=False)
     # What its tool's policy asked of an approval when it was made: a note with it
     # (`note: required`), and the standing approval a card may offer (`standing: 1h`; None
     # when the policy allows none or the call needs several approvers).
     note_required: bool = False
     standing: timedelta | None = None
+    # Redacted fields (storage/redaction.py): the keys its policy hid when it was made. Made
+    # with them, a request keeps their values apart (`secrets`) and its `input`, preview and
+    # quotes show only `•••• (N characters)`: whatever reads a request reads it so, and
+    # only the call that runs puts the values back (`actual`).
+    redact: tuple[str, ...] = ()
+    secrets: tuple[Secret, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.redact:
+            return
+        shown, secrets = hide(self.input, self.redact, self.secrets)
+        object.__setattr__(self, "input", shown)
+        object.__setattr__(self, "secrets", secrets)
+        if secrets:
+            object.__setattr__(self, "preview", self.scrub(self.preview))
+            c = self.context
+            said = {k: getattr(c, k) for k in ("first", "latest", "agent")}
+            quotes = {k: _replace(v, text=self.scrub(v.text)) for k, v in said.items() if v}
+            object.__setattr__(self, "context", _replace(c, **quotes))
+
+    @overload
+    def scrub(self, text: str) -> str: ...
+    @overload
+    def scrub(self, text: None) -> None: ...
+    @overload
+    def scrub(self, text: str | None) -> str | None: ...
+    def scrub(self, text: str | None) -> str | None:
+        """Free text with this request's hidden values in it shown as their masks."""
+        return text if text is None or not self.secrets else scrub(text, self.secrets)
+
+    @property
+    def actual(self) -> dict[str, Any]:
+        """The input as the tool takes it: its hidden values back in place."""
+        return dict(reveal(self.input, self.secrets))
 
     @property
     def question(self) -> bool:
@@ -199,7 +237,16 @@ class Answered:
     answer: Any  # free text, or an object of the form the question's tool gives
 
 
-Decision = Approved | Denied | Expired | Answered
+@dataclass(frozen=True)
+class Withdrawn:
+    """The requester took the request back while it waited (Withdraw; the approvals API's
+    DELETE): nothing runs, and the agent is told."""
+
+    by: str  # the requester: nobody else may withdraw it
+    at: datetime
+
+
+Decision = Approved | Denied | Expired | Answered | Withdrawn
 
 
 @dataclass(frozen=True)
@@ -234,6 +281,13 @@ class Version:
     # approver changed is a human's (they typed it).
     sources: Mapping[str, Source] = field(default_factory=dict)
     edit: Edit | None = None  # who made it, when a person did (None: as the agent asked)
+    # Its redacted fields' values (`input` shows their masks, as every version does).
+    secrets: tuple[Secret, ...] = field(default=(), repr=False)
+
+    @property
+    def actual(self) -> dict[str, Any]:
+        """The input the tool runs with: the redacted fields' values back in place."""
+        return dict(reveal(self.input, self.secrets))
 
 
 @dataclass(frozen=True)
@@ -267,12 +321,14 @@ class Card:
 @dataclass(frozen=True)
 class FollowUp:
     """A reminder or an escalation: when it is due and whether it happened. An escalation
-    names its channel, and once its card is posted there, the card's ts."""
+    names its channel, and once escalated where its card's post got to (its outbox, as a
+    card's) and, once posted there, the card's ts."""
 
     at: datetime
     state: ReminderState | EscalationState
     channel: str | None = None
     ts: str | None = None
+    card: CardState | None = None
 
 
 @dataclass(frozen=True)
@@ -329,11 +385,13 @@ class Approval:
         """The call as it stands: what approvers are shown and what runs once approved."""
         r, e = self.request, self.edit
         if e is None:
-            return Version(self.version, r.tool, r.input, r.preview, r.context.sources)
+            return Version(
+                self.version, r.tool, r.input, r.preview, r.context.sources, None, r.secrets
+            )
         changed = e.changes(r.input)
         kept = {p: s for p, s in r.context.sources.items() if p.split(".")[0] not in changed}
         sources = kept | dict.fromkeys(changed, Source("human"))
-        return Version(self.version, r.tool, e.input, e.preview, sources, e)
+        return Version(self.version, r.tool, e.input, r.scrub(e.preview), sources, e, r.secrets)
 
     @property
     def escalated(self) -> bool:
@@ -352,6 +410,8 @@ class Approval:
                 return ApprovalState.EXPIRED
             case Answered():
                 return ApprovalState.ANSWERED
+            case Withdrawn():
+                return ApprovalState.WITHDRAWN
 
     @property
     def execution_state(self) -> ExecutionState:
@@ -414,4 +474,6 @@ RefusalReason = (
     # Approve with no note where the tool's policy needs one; Approve for <duration> where
     # its policy (now) offers no standing approval; a Revoke of one that is over.
     | Literal["note_required", "no_standing", "standing_over"]
+    # A Withdraw by anyone but the request's requester.
+    | Literal["not_theirs"]
 )

@@ -1,10 +1,11 @@
-"""Follow-ups in storage: what falls due after a request is made, and the card's outbox.
+"""Follow-ups in storage: what falls due after a request is made, and the cards' outboxes.
 
-The sweep finds what is due here: overdue requests (EXPIRE), cards whose post was cut off,
-reminders and escalations.
+The sweep finds what is due here: overdue requests (EXPIRE), cards (and escalated cards)
+whose post failed or was cut off, reminders and escalations.
 
 Each follow-up is recorded as done before the transport does it (REMIND, ESCALATE,
-RETRY_CARD), in one conditional write: whichever replica gets there first does it, once.
+RETRY_CARD, RETRY_ESCALATION), in one conditional write: whichever replica gets there first
+does it, once.
 """
 
 from __future__ import annotations
@@ -15,41 +16,49 @@ from typing import Any
 import sqlalchemy as sa
 
 from storage.db import SessionFactory, autocommit
-from storage.domain import Approval
+from storage.domain import Approval, CardState
 from storage.lifecycle import (
     CARD_FAILED,
     CARD_POSTED,
     ESCALATE,
+    ESCALATION_FAILED,
+    ESCALATION_POSTED,
     EXPIRE,
     REMIND,
     RETRY_CARD,
+    RETRY_ESCALATION,
     Transition,
 )
 from storage.rows import (
     EXPLAIN_APPROVAL,
     LOCATED,
     NOTE,
-    TEAM,
     approval_of,
     change,
     key,
     located,
     refusal,
 )
-from storage.transitions import NOW, ROW_ID, A, Atomic, guard, write
+from storage.transitions import NOW, A, Atomic, guard, write
 
 OVERDUE = LOCATED.where(guard(EXPIRE))
 STALE_CARDS = LOCATED.where(guard(RETRY_CARD))
+STALE_ESCALATIONS = LOCATED.where(guard(RETRY_ESCALATION))
 DUE = {t: LOCATED.where(guard(t)) for t in (REMIND, ESCALATE)}
-# The card's outbox.
+# The card's outbox, and the escalated card's.
 POSTED = write(CARD_POSTED, card_ts=sa.bindparam("ts"))
 FAILED = Atomic(write(CARD_FAILED), NOTE)
 RETRY = write(RETRY_CARD, card_attempted_at=NOW)
-# Follow-ups, each with its audit row.
-FOLLOW_UP = {t: Atomic(write(t), NOTE) for t in (REMIND, ESCALATE)}
-ESCALATION_POSTED = (
-    sa.update(A).where(A.c.id == ROW_ID, TEAM).values(escalation_ts=sa.bindparam("ts"))
-)
+ESCALATION_OUT = write(ESCALATION_POSTED, escalation_ts=sa.bindparam("ts"))
+ESCALATION_LOST = Atomic(write(ESCALATION_FAILED), NOTE)
+RETRY_UP = write(RETRY_ESCALATION, escalation_attempted_at=NOW)
+# Follow-ups, each with its audit row; an escalation's card is then being posted.
+FOLLOW_UP = {
+    REMIND: Atomic(write(REMIND), NOTE),
+    ESCALATE: Atomic(
+        write(ESCALATE, escalation_card=CardState.POSTING, escalation_attempted_at=NOW), NOTE
+    ),
+}
 
 
 class FollowUpStore:
@@ -83,16 +92,31 @@ class FollowUpStore:
         )
         return approval_of(row._mapping, approval.thread)
 
-    async def escalation_posted(self, approval: Approval, *, ts: str) -> None:
-        """Where the escalated card is, so a decision redraws it too."""
-        async with autocommit(self._sessions) as db:
-            await db.execute(ESCALATION_POSTED, key(approval) | {"ts": ts})
+    async def escalation_posted(self, approval: Approval, *, ts: str) -> Approval:
+        """ESCALATION_POSTED: the escalated card is out, at `ts` (a decision redraws it too)."""
+        return await self._card(ESCALATION_OUT, ESCALATION_POSTED, approval, {"ts": ts})
+
+    async def retry_escalation(
+        self, approval: Approval, *, now: datetime, stale: datetime
+    ) -> Approval:
+        """RETRY_ESCALATION: take over an escalated card's post that failed or was cut off
+        before `stale` (one sweep gets it)."""
+        params = {"now": now, "card_stale": stale}
+        return await self._card(RETRY_UP, RETRY_ESCALATION, approval, params)
+
+    async def escalation_failed(self, approval: Approval, *, now: datetime) -> Approval:
+        """ESCALATION_FAILED, audited: Slack refused the escalated card for good."""
+        row = await change(self._sessions, ESCALATION_LOST, ESCALATION_FAILED, approval, now, {})
+        return approval_of(row._mapping, approval.thread)
 
     async def stale_cards(
-        self, *, stale: datetime, team_id: str | None = None
+        self, *, stale: datetime, team_id: str | None = None, escalated: bool = False
     ) -> tuple[Approval, ...]:
-        """Pending approvals whose card post began before `stale` and never finished."""
-        query = STALE_CARDS if team_id is None else STALE_CARDS.where(A.c.team_id == team_id)
+        """Pending approvals whose card post (`escalated`: the escalated card's) began
+        before `stale` and never finished."""
+        query = STALE_ESCALATIONS if escalated else STALE_CARDS
+        if team_id is not None:
+            query = query.where(A.c.team_id == team_id)
         async with autocommit(self._sessions) as db:
             return located(await db.execute(query, {"card_stale": stale}))
 

@@ -8,6 +8,7 @@ Approval, its Request, Decision, Execution, Version) are storage/domain.py's.
 
 States
     approval   pending -> approved | denied | expired      decided once, never changed
+               pending -> withdrawn                         by its requester (WITHDRAW)
                pending -> answered | expired                a question: answered once
                pending -> pending (EDIT)                    a new version: earlier votes reset
     execution  not_started -> started -> finished           of an approved call only
@@ -18,6 +19,8 @@ States
                posting -> posting                           a sweep retries a cut-off post
     reminder   scheduled -> sent                            once, while still pending
     escalation scheduled -> escalated                       once: the card goes up a level
+    escalation card  posting -> posted | failed             the escalated card's outbox
+                     posting -> posting                     a sweep retries a failed post
     standing   none -> granted                              GRANT, with the APPROVE it rides on
                granted -> granted (USE)                     a later call approved by it
                granted -> revoked                           REVOKE, once, while it is live
@@ -29,7 +32,9 @@ Why an approved call runs at most once
        decision after the deadline changes nothing; EXPIRE takes the approval instead.
        A request that needs several approvers counts their VOTEs in the same write: the
        one that completes the quorum APPROVEs, once; nobody approves twice; one DENY ends
-       it.
+       it. A WITHDRAW by the request's requester (and nobody else) ends it too, in
+       the same kind of write: an Approve after it finds nothing pending, and the model
+       is told "withdrawn by the requester" as it would be told of a denial.
     2. A turn is resumed only by whoever CLAIMs it, and only once no approval of it is
        pending: one resume answers every interrupt (Genkit fails a partial one after
        running the approved tools in it). A claim holds a short lease, RENEWed while the
@@ -49,7 +54,12 @@ Why an approved call runs at most once
 An approval's card is recorded as being posted (`posting`) before it is posted. A post cut
 off (the process died) is retried by one sweep (RETRY_CARD), which first looks for the card
 in the channel: a card is never posted twice. A post Slack refuses for good ends `failed`,
-and the requester is told.
+and the requester is told. The escalated card (ESCALATE) has an outbox of its own, the
+same: `posting` from the ESCALATE that records it, retried by one sweep after a failed or
+cut-off post (RETRY_ESCALATION, which looks in the escalation channel first),
+`posted` once out (ESCALATION_POSTED), `failed` when Slack refuses it for good. A post that
+lost a race to record itself (another attempt recorded its own card first) is deleted:
+never two live cards.
 
 A conversation (a Slack thread) is held by one turn at a time: storage claims the thread
 for a turn (busy until it ends, or until its time runs out) and keeps it while that turn
@@ -73,6 +83,7 @@ Versions: what is approved is what runs
     EDIT (quorum, changes)      creates v+1      only the editor's, v+1  -
     Edit & approve, no change   names v          a VOTE or APPROVE of v  (as above)
     DENY                        names v          -                       nothing
+    WITHDRAW (the requester)    any              -                       nothing
     START_EXECUTION             the approved v   -                       v, once (SAME_VERSION)
 
     A decision naming an older version matches no row and changes nothing (the approver is
@@ -158,6 +169,7 @@ class Subject(enum.StrEnum):
     CARD = "card"
     REMINDER = "reminder"
     ESCALATION = "escalation"
+    ESCALATION_CARD = "escalation card"
     STANDING = "standing"
 
 
@@ -175,9 +187,11 @@ class Requirement(enum.StrEnum):
     QUORUM_MET = "this approval completes the approvals needed"
     QUORUM_SHORT = "more approvals are needed after this one"
     STILL_PENDING = "the approval is still pending"
+    BY_REQUESTER = "the person is the request's requester"
     REMINDER_DUE = "the reminder's time has come"
     ESCALATION_DUE = "the escalation's time has come"
     POST_RAN_OUT = "the last attempt to post the card is older than its grace"
+    ESCALATION_POST_RAN_OUT = "the last attempt to post the escalated card is older than its grace"
     ASKS_APPROVAL = "the request asks for an approval"
     ASKS_ANSWER = "the request asks a question"
     SEVERAL_NEEDED = "the request needs several approvers"
@@ -277,6 +291,17 @@ DENY = Transition(
     requires=(R.ASKS_APPROVAL, R.AS_SEEN, R.BEFORE_DEADLINE),
     audit=Audit("denied", "decider", ("input", "edited", "reason")),
 )
+# The requester takes back a request that waits (Withdraw, or the approvals API's DELETE):
+# it ends there, nothing runs, and the model is told so. Nobody else may; a click after the
+# deadline changes nothing (EXPIRE takes it), as for a decision.
+WITHDRAW = Transition(
+    "withdraw",
+    Subject.APPROVAL,
+    {A.PENDING: ()},
+    A.WITHDRAWN,
+    requires=(R.ASKS_APPROVAL, R.BY_REQUESTER, R.BEFORE_DEADLINE),
+    audit=Audit("withdrawn", "requester", ("input", "edited")),
+)
 # A question is answered, once, by a person it asks (the requester, or an approver).
 ANSWER = Transition(
     "answer",
@@ -348,6 +373,24 @@ ESCALATE = Transition(
     requires=(R.STILL_PENDING, R.ESCALATION_DUE),
     audit=Audit("escalated", "greenlight"),
 )
+# The escalated card's outbox: ESCALATE leaves it `posting` (storage/follow_ups.py).
+RETRY_ESCALATION = Transition(
+    "retry escalation",
+    Subject.ESCALATION_CARD,
+    {CardState.POSTING: (R.ESCALATION_POST_RAN_OUT,)},
+    CardState.POSTING,
+    requires=(R.STILL_PENDING,),
+)
+ESCALATION_POSTED = Transition(
+    "escalation posted", Subject.ESCALATION_CARD, {CardState.POSTING: ()}, CardState.POSTED
+)
+ESCALATION_FAILED = Transition(
+    "escalation failed",
+    Subject.ESCALATION_CARD,
+    {CardState.POSTING: ()},
+    CardState.FAILED,
+    audit=Audit("escalation_failed", "greenlight"),
+)
 # Standing approvals (see the docstring's table). GRANT is written with the APPROVE it rides
 # on, in the same statement; USE with the APPROVE_UNDER of the call it covers.
 GRANT = Transition(
@@ -394,6 +437,7 @@ TRANSITIONS = (
     APPROVE,
     EDIT,
     DENY,
+    WITHDRAW,
     ANSWER,
     EXPIRE,
     START_EXECUTION,
@@ -403,6 +447,9 @@ TRANSITIONS = (
     CARD_FAILED,
     REMIND,
     ESCALATE,
+    RETRY_ESCALATION,
+    ESCALATION_POSTED,
+    ESCALATION_FAILED,
     GRANT,
     USE,
     APPROVE_UNDER,
@@ -422,6 +469,7 @@ STATES: Mapping[Subject, type[State]] = {
     Subject.CARD: CardState,
     Subject.REMINDER: ReminderState,
     Subject.ESCALATION: EscalationState,
+    Subject.ESCALATION_CARD: CardState,
     Subject.STANDING: StandingState,
 }
 

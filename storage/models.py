@@ -202,6 +202,10 @@ class ApprovalRow(Base):
     )
     escalation_channel: Mapped[str | None] = mapped_column(String(32))
     escalation_ts: Mapped[str | None] = mapped_column(String(32))
+    # The escalated card's outbox, as the card's: posting before the post, posted once out
+    # (at escalation_ts), failed when Slack refused it for good; NULL: not escalated.
+    escalation_card: Mapped[CardState | None] = mapped_column(_enum(CardState), nullable=True)
+    escalation_attempted_at: Mapped[datetime | None]
     # What its policy asked when it was made: a note with an approval, the standing
     # approval a card may offer (seconds; NULL: none). See storage/domain.py Request.
     note_required: Mapped[bool] = mapped_column(server_default=sa.false())
@@ -215,6 +219,11 @@ class ApprovalRow(Base):
     standing_revoked_at: Mapped[datetime | None]
     # A call approved by a standing approval: that approval's id.
     under: Mapped[str | None] = mapped_column(String(64))
+    # Redacted fields (storage/redaction.py): the keys its policy hid when it was made, and
+    # their values, [{"path": [...], "value": ...}], for the call that runs and nothing
+    # else (`input`, `edited_input` and the audit trail hold only their masks).
+    redact: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'"))
+    secrets: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
 
     __table_args__ = (
         Index("ix_approvals_status_expiry", "status", "expires_at"),
@@ -255,6 +264,7 @@ class PolicyRow(Base):
     escalate_approvers: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'"))
     note: Mapped[str | None] = mapped_column(String(16))  # "required": Approve takes a note
     standing_seconds: Mapped[int | None] = mapped_column(Integer)  # a standing approval's
+    redact: Mapped[list[Any]] = mapped_column(server_default=sa.text("'[]'"))  # hidden keys
     updated_at: Mapped[datetime]
     updated_by: Mapped[str] = mapped_column(String(32))
 

@@ -39,6 +39,7 @@ POLICY_FIELDS = (
     "escalate_approvers",
     "note",
     "standing_seconds",
+    "redact",
 )
 _SECONDS = {
     "timeout": "timeout_seconds",
@@ -64,6 +65,7 @@ def stored_policy(row: Mapping[Any, Any]) -> StoredPolicy:
         escalate_approvers=tuple(row["escalate_approvers"] or ()),
         note=row["note"],
         standing=_delta(row["standing_seconds"]),
+        redact=tuple(row["redact"] or ()),
     )
 
 

@@ -68,6 +68,21 @@ def _standing(value: object) -> timedelta:
 
 
 StandingSpan = Annotated[timedelta, BeforeValidator(_standing)]
+FIELD = re.compile(r"^[A-Za-z0-9_$@-]{1,128}$")  # a key as written: no dots, no paths
+
+
+def _fields(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple):
+        raise ValueError("must be a list of field names, e.g. [password, apiToken]")
+    bad = [v for v in value if not (isinstance(v, str) and FIELD.match(v))]
+    if bad:
+        raise ValueError(f"not field names (a key of the tool's input, at any depth): {bad}")
+    if len(value) > 50:
+        raise ValueError("at most 50 fields")
+    return tuple(dict.fromkeys(value))
+
+
+Fields = Annotated[tuple[str, ...], BeforeValidator(_fields)]
 
 
 class Strict(BaseModel):
@@ -111,6 +126,10 @@ class ToolPolicy(Strict):
     # Cards offer Approve for <standing>: later calls like the approved one run without a
     # card that long (storage/lifecycle.py GRANT, USE). Not with a quorum, nor a note.
     standing: StandingSpan | None = None
+    # Keys of the tool's input (at any depth) whose values nobody is shown: cards, the Home,
+    # the modals, the audit trail and the logs show `•••• (N characters)`; the tool gets
+    # the value; no approver edits it (storage/redaction.py).
+    redact: Fields = ()
 
 
 class StoredPolicy(ToolPolicy):

@@ -1,7 +1,7 @@
 """Reads of approvals for the pages and people that show them: inbox, pending, history, audit.
 
-One request, the pending ones, a person's inbox and own requests, a requester's history, the
-audit trail's pages.
+One request, the pending ones, a person's inbox and own requests, the standing approvals live
+now, a requester's history, the audit trail's pages.
 
 None of them changes a state; the only write here is the audit row that says someone looked
 at the conversation behind a request (`note_viewed`).
@@ -16,25 +16,48 @@ import sqlalchemy as sa
 
 from storage import audit
 from storage.db import SessionFactory, autocommit
-from storage.domain import Approval, ApprovalState, AuditEntry, History
+from storage.domain import Approval, ApprovalState, AuditEntry, History, StandingState
+from storage.policy_spec import STANDING_MAX
 from storage.rows import LOCATED, OPEN, TEAM, get, located, with_votes
-from storage.transitions import A, T
+from storage.transitions import NOW, A, T
 
 PENDING = LOCATED.where(TEAM, A.c.status == ApprovalState.PENDING)
 _PERSON: sa.BindParameter[str] = sa.bindparam("person", type_=sa.String())
 # The Home tab (bot/home.py), each bounded by a LIMIT: others' open requests, found by
-# ix_approvals_status_expiry; and a requester's own whose turn goes on, by
-# ix_approvals_requester (its (team_id, requester) prefix).
+# ix_approvals_status_expiry; and a requester's own still pending, or settled with their
+# turn going on, by ix_approvals_requester (its (team_id, requester) prefix). A gateway
+# request's turn is done from the start (storage/gateway_store.py): it is listed while it
+# is pending.
 INBOX = PENDING.where(A.c.requester != _PERSON)
-_GOES_ON = (ApprovalState.PENDING, ApprovalState.APPROVED, ApprovalState.ANSWERED)
-REQUESTED = LOCATED.where(TEAM, A.c.requester == _PERSON, A.c.status.in_(_GOES_ON), OPEN)
+_GOES_ON = (ApprovalState.APPROVED, ApprovalState.ANSWERED)
+REQUESTED = LOCATED.where(
+    TEAM,
+    A.c.requester == _PERSON,
+    sa.or_(A.c.status == ApprovalState.PENDING, sa.and_(A.c.status.in_(_GOES_ON), OPEN)),
+)
+# Standing approvals live now, soonest over first (the Home's Revoke, bot/home.py). No index
+# of its own: a grant is made before its request's deadline and lasts at most STANDING_MAX,
+# so a live one's request expires after `since` (now - STANDING_MAX), which bounds a scan of
+# ix_approvals_status_expiry (or the planner takes ix_approvals_requester's team prefix).
+LIVE_GRANTS = (
+    LOCATED.where(
+        TEAM,
+        A.c.status == ApprovalState.APPROVED,
+        A.c.expires_at > sa.bindparam("since", type_=A.c.expires_at.type),
+        A.c.standing == StandingState.GRANTED,
+        A.c.standing_until > NOW,
+    )
+    .order_by(None)
+    .order_by(A.c.standing_until, A.c.id)
+)
 # Pending requests by tool, every workspace: one row per tool, read off the status index.
 PENDING_BY_TOOL = (
     sa.select(A.c.tool, sa.func.count())
     .where(A.c.status == ApprovalState.PENDING)
     .group_by(A.c.tool)
 )
-# A requester's earlier requests for some tools, by how they ended.
+# A requester's earlier requests for some tools, by how they ended (History's outcomes).
+_ENDED = (ApprovalState.APPROVED, ApprovalState.DENIED, ApprovalState.EXPIRED)
 HISTORY = (
     sa.select(A.c.tool, A.c.status, sa.func.count())
     .where(
@@ -42,7 +65,7 @@ HISTORY = (
         A.c.requester == sa.bindparam("requester"),
         A.c.tool.in_(sa.bindparam("tools", expanding=True)),
         A.c.requested_at >= sa.bindparam("since"),
-        A.c.status != ApprovalState.PENDING,
+        A.c.status.in_(_ENDED),
     )
     .group_by(A.c.tool, A.c.status)
 )
@@ -80,6 +103,13 @@ class ReadStore:
         async with autocommit(self._sessions) as db:
             found = located(await db.execute(REQUESTED.limit(limit), params))
         return await with_votes(self._sessions, found)
+
+    async def live_grants(self, team_id: str, *, now: datetime, limit: int) -> tuple[Approval, ...]:
+        """Standing approvals not revoked and not over at `now`, soonest over first, at most
+        `limit`."""
+        params = {"team": team_id, "now": now, "since": now - STANDING_MAX}
+        async with autocommit(self._sessions) as db:
+            return located(await db.execute(LIVE_GRANTS.limit(limit), params))
 
     async def pending_by_tool(self) -> dict[str, int]:
         """How many requests wait for a decision, by tool, across every workspace."""

@@ -44,6 +44,7 @@ from storage.domain import (
     Started,
     Thread,
     Vote,
+    Withdrawn,
 )
 from storage.lifecycle import (
     OPEN_TURN,
@@ -54,6 +55,7 @@ from storage.lifecycle import (
     Subject,
     Transition,
 )
+from storage.redaction import Secret, scrubbed
 from storage.transitions import ROW_ID, A, Atomic, C, NewRow, T, V, facts
 
 LOCATED = (
@@ -172,6 +174,8 @@ def audit_row(transition: Transition, approval: Approval, at: datetime) -> dict[
             pass
         case Answered(by=decider, answer=answer):
             pass
+        case Withdrawn(by=decider):
+            pass
     standing = approval.standing
     actor = {
         "decider": decider,
@@ -182,14 +186,15 @@ def audit_row(transition: Transition, approval: Approval, at: datetime) -> dict[
     }
     # An approver's note: the approval's (a VOTE's or APPROVE's), or an EDIT's, its vote's.
     note = approval.votes[-1].note if approval.votes else None
+    output = execution.output if isinstance(execution, Finished) else None
     fields = {
-        "input": r.input,
+        "input": r.input,  # redacted fields as their masks (storage/redaction.py)
         "edited": approval.edit.input if approval.edit else None,
         "why": r.why,
         "reason": reason,
         "note": reason if isinstance(decision, Approved) else note,
         "answer": answer,
-        "output": execution.output if isinstance(execution, Finished) else None,
+        "output": scrubbed(output, r.redact, r.secrets) if r.secrets else output,
         "under": approval.under,  # the standing approval that approved this call
         "standing": (
             None
@@ -199,7 +204,9 @@ def audit_row(transition: Transition, approval: Approval, at: datetime) -> dict[
     }
     # Which door the request came through (slack, or the gateway's mcp, api) and its key.
     via = r.context.via
-    door = {"door": "slack"} if via is None else {"door": via.door, "key": via.key}
+    door: dict[str, Any] = {"door": "slack"} if via is None else {"door": via.door, "key": via.key}
+    if r.secrets and "input" in spec.detail:  # what was hidden, comparable across requests
+        door["sha256"] = {s.name: s.sha256 for s in r.secrets}
     return audit.entry(
         team_id=approval.thread.team_id,
         at=at,
@@ -229,11 +236,13 @@ def approval_of(row: Mapping[Any, Any], thread: Thread) -> Approval:
         reminder = FollowUp(row["remind_at"], ReminderState(row["reminder"]))
     escalation = None
     if row["escalate_at"] is not None:
+        card_state = row["escalation_card"]
         escalation = FollowUp(
             row["escalate_at"],
             EscalationState(row["escalation"]),
             row["escalation_channel"],
             row["escalation_ts"],
+            None if card_state is None else CardState(card_state),
         )
     edit = None
     if row["edited_input"] is not None:
@@ -275,6 +284,8 @@ def _request(row: Mapping[Any, Any]) -> Request:
         asked=row["asked_input"],
         note_required=row["note_required"],
         standing=None if offer is None else timedelta(seconds=offer),
+        redact=tuple(row["redact"] or ()),
+        secrets=tuple(Secret.of_json(s) for s in row["secrets"] or ()),
     )
 
 
@@ -305,6 +316,8 @@ def _decision(row: Mapping[Any, Any]) -> Decision | None:
             return Expired(at)
         case ApprovalState.ANSWERED:
             return Answered(by, at, row["answer"])
+        case ApprovalState.WITHDRAWN:
+            return Withdrawn(by, at)
 
 
 def _execution(row: Mapping[Any, Any]) -> Execution:
@@ -361,6 +374,8 @@ def columns(approval: Approval) -> dict[str, Any]:
         "escalation": (EscalationState.SCHEDULED if approval.escalation else EscalationState.NONE),
         "escalation_channel": approval.escalation.channel if approval.escalation else None,
         "escalation_ts": None,
+        "escalation_card": None,
+        "escalation_attempted_at": None,
         "note_required": r.note_required,
         "standing_offer_seconds": (None if r.standing is None else int(r.standing.total_seconds())),
         "standing": StandingState.NONE,
@@ -370,4 +385,6 @@ def columns(approval: Approval) -> dict[str, Any]:
         "standing_revoked_by": None,
         "standing_revoked_at": None,
         "under": approval.under,
+        "redact": list(r.redact),
+        "secrets": [s.as_json() for s in r.secrets] or None,
     }

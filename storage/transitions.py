@@ -50,9 +50,11 @@ REQUIREMENTS: Mapping[Requirement, sa.ColumnElement[bool]] = {
     Requirement.QUORUM_MET: A.c.votes + 1 >= A.c.approvals_needed,
     Requirement.QUORUM_SHORT: A.c.votes + 1 < A.c.approvals_needed,
     Requirement.STILL_PENDING: A.c.status == ApprovalState.PENDING,
+    Requirement.BY_REQUESTER: A.c.requester == sa.bindparam("by"),
     Requirement.REMINDER_DUE: A.c.remind_at <= NOW,
     Requirement.ESCALATION_DUE: A.c.escalate_at <= NOW,
     Requirement.POST_RAN_OUT: A.c.card_attempted_at < sa.bindparam("card_stale"),
+    Requirement.ESCALATION_POST_RAN_OUT: A.c.escalation_attempted_at < sa.bindparam("card_stale"),
     Requirement.ASKS_APPROVAL: A.c.asks.is_(None),
     Requirement.ASKS_ANSWER: A.c.asks.is_not(None),
     Requirement.SEVERAL_NEEDED: A.c.approvals_needed > 1,
@@ -79,6 +81,7 @@ STATE_COLUMN = {
     Subject.CARD: A.c.card_state,
     Subject.REMINDER: A.c.reminder,
     Subject.ESCALATION: A.c.escalation,
+    Subject.ESCALATION_CARD: A.c.escalation_card,
     Subject.STANDING: A.c.standing,
 }
 TABLE_OF = {subject: T if subject == Subject.TURN else A for subject in Subject}

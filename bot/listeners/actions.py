@@ -1,5 +1,5 @@
 """The buttons of approval cards: Approve (with a note, or for a while), Deny, Revoke, and
-what an approver may look at first.
+what an approver may look at first; and the requester's Withdraw.
 
 The Home tab (bot/home.py) shows the same buttons: a click there is in no channel, so the
 clicker's channel membership is asked of Slack instead, and what a card's clicker would be
@@ -25,6 +25,7 @@ from bot.listeners.shared import (
     clicked,
     facts_for,
     in_modal,
+    message_ts,
     obj,
     seen_in,
     settled,
@@ -214,6 +215,45 @@ async def revoke(deps: Deps, client: AsyncWebClient, asked: Interaction, *, home
     await deps.delivery.refresh_card(client, revoked)
 
 
+async def on_withdraw(
+    ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient, deps: Deps
+) -> None:
+    """Withdraw: the requester takes back a request that waits, from the note in their
+    thread or from their Home tab (agent/decisions.py `withdraw`)."""
+    await ack()
+    asked, home = clicked(body), from_home(body)
+    if asked is None or await too_fast(deps, client, asked, home=home):
+        return
+    note = None if home else obj(body.get("message"))
+    deps.background.spawn(withdraw(deps, client, asked, note, home=home), name="withdraw")
+
+
+async def withdraw(
+    deps: Deps,
+    client: AsyncWebClient,
+    asked: Interaction,
+    note: dict[str, Any] | None,
+    *,
+    home: bool,
+) -> None:
+    """Withdraw, and then as after any decision; `note`: the message clicked in the thread,
+    which loses that button."""
+    try:
+        decided = await deps.workflow.decisions.withdraw(asked.team, asked.approval_id, asked.user)
+    except DecisionRefused as refusal:
+        await refuse(deps, client, refusal, asked, home=home)
+        return
+    note = note or {}
+    blocks, ts = note.get("blocks"), note.get("ts")
+    if asked.channel is not None and message_ts(ts) and isinstance(blocks, list):
+        shown = messages.withdrawn_note([obj(b) for b in blocks], asked.approval_id)
+        with contextlib.suppress(SlackApiError):
+            await client.chat_update(
+                channel=asked.channel, ts=ts, text=str(note.get("text", "")), blocks=shown
+            )
+    await settled(deps, client, decided)
+
+
 @dataclass(frozen=True)
 class Opening:
     """A click that opens a modal about a request, by someone the checks let through."""
@@ -382,6 +422,7 @@ def register(app: AsyncApp) -> None:
     app.action("approve_with_note")(on_approve_with_note)
     app.action("approve_menu")(on_approve_menu)
     app.action("revoke_standing")(on_revoke_standing)
+    app.action("withdraw")(on_withdraw)
     app.action("edit_approve")(on_edit_approve)
     app.action("deny")(on_deny)
     app.action("show_request")(on_show_request)

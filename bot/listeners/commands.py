@@ -30,6 +30,7 @@ from bot.listeners.shared import slack_id
 from bot.safe_text import escape
 from storage.domain import CardState
 from storage.policy_spec import Rule, split_principals
+from storage.redaction import hide
 
 HELP = """*`/approvals`* — who approves what the agent does
 • `list` — every tool: allowed or needs approval, channel, approvers, timeout
@@ -99,6 +100,8 @@ def describe(policy: Policy, *, asks: bool = False) -> str:
         line += " · an Approve takes a note"
     if policy.standing:
         line += f" · standing approvals of {span(policy.standing)}"
+    if policy.redact:
+        line += " · hides " + ", ".join(f"`{escape(f)}`" for f in policy.redact)
     if policy.rules and not policy.allowed:
         count = len(policy.rules)
         line += f" · {count} rule{'s' * (count > 1)} (`/approvals rules {policy.tool}`)"
@@ -304,8 +307,9 @@ async def explain(c: Invocation) -> str:
         raise Usage(f"That input is not JSON. {usage}") from None
     found = workflow.runtime.tools.get(tool)
     action = found.action() if found is not None else None
-    got = decide(await workflow.policies.get(c.team, tool), action, args, c.user)
-    shown = escape(json.dumps(args, ensure_ascii=False))
+    policy = await workflow.policies.get(c.team, tool)
+    got = decide(policy, action, args, c.user)
+    shown = escape(json.dumps(hide(args, policy.redact)[0], ensure_ascii=False))
     return f"*`{escape(tool)}`* with `{shown[:500]}`:\n" + "\n".join(explained(got))
 
 
@@ -331,6 +335,12 @@ def explained(got: Outcome) -> list[str]:
     ]
     if p.note_required:
         lines.append("• An Approve takes a note, which the agent reads with the result.")
+    if p.redact:
+        hidden = ", ".join(f"`{escape(f)}`" for f in p.redact)
+        lines.append(
+            f"• Hidden on the card, the Home, the audit trail and the logs: {hidden} "
+            "(shown as ••••; the tool gets the value; approvers cannot change it)."
+        )
     if p.standing_offer is not None:
         lines.append(
             f"• The card offers Approve for {span(p.standing_offer)} (a standing approval)."

@@ -43,6 +43,7 @@ SMALL = {"amount": 20, "toAccount": "ACC-2"}
 STANDING = "tools:\n  transferMoney:\n    standing: 1h\n"
 NOTE_REQUIRED = "tools:\n  transferMoney:\n    note: required\n"
 QUORUM = "tools:\n  transferMoney:\n    approvals: 2\n"
+ONE_RULE = "    rules:\n      - when: 'true'\n"  # so that `/approvals rules` lists one
 # A rule that changes where nothing goes still is another rule; one that needs two approvers
 # makes the calls it matches offer no standing approval.
 RULES = (
@@ -374,6 +375,73 @@ async def test_approve_for_an_hour_runs_the_next_call_in_the_thread_without_a_ca
     assert (grant.actor, grant.approval_id) == (ALICE, first.id)
 
 
+async def test_calls_under_a_standing_approval_are_counted_in_the_metrics(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """Each covered call is a decision of its own (`standing`, no card, no wait) and an
+    approved call that ran; the grant is the one `approved`."""
+    from tests.bot.test_metrics import scrape
+
+    thread, _ = await granted(client, fake_slack, gemini, team, service)
+    for then in ("Sent 20.", "Sent 20 again."):
+        await message(client, gemini, team, SMALL, thread=thread, then=then)
+        await said(fake_slack, then)
+        await settle(service)
+    assert len(ledger_tools.entries()) == 3 and len(cards(fake_slack)) == 1
+    counted = await scrape(client)
+    decisions, tool = "greenlight_decisions_total", "transferMoney"
+    assert counted.value(decisions, tool=tool, outcome="approved") == 1  # the grant
+    assert counted.value(decisions, tool=tool, outcome="standing") == 2
+    assert counted.value("greenlight_decision_seconds_count", outcome="standing") == 2
+    assert counted.value("greenlight_tool_executions_total", tool=tool, outcome="ok") == 3
+
+
+async def test_revoke_from_the_home_of_an_approver_redraws_the_card_and_the_homes(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """The card's Revoke is on the Home of whoever may revoke it (its approver, and the
+    tool's other approvers), through the same listener and the same refusals."""
+    from tests.bot.test_home import buttons, open_home, press as press_home, shown
+
+    thread, card = await granted(client, fake_slack, gemini, team, service)
+    grant = button_value(card, "revoke_standing")
+    alices, bobs = await open_home(client, team, ALICE), await open_home(client, team, BOB)
+    for view in (alices, bobs):
+        assert [v for _, v in buttons(view, "revoke_standing")] == [grant]
+        assert "Standing approvals you may revoke" in shown(view)
+        assert "0 more calls ran under this approval (granted by <@UBOSS>)" in shown(view)
+    for nobody in (REQUESTER, "UOUTSIDE"):  # its requester; no approver of the tool
+        view = await open_home(client, team, nobody)
+        assert buttons(view, "revoke_standing") == [] and "Standing approvals" not in shown(view)
+
+    # A forged Revoke from the requester's Home: refused there, nothing changes.
+    mine = client.slack.homes[REQUESTER][-1]
+    forged = sp.view_block_actions(team, REQUESTER, mine, "revoke_standing", grant)
+    assert (await client.send(forged))[0] == 200
+    await poll(lambda: "⚠️" in shown(fake_slack.homes[REQUESTER][-1]), "the refusal")
+    assert "Only the approver who granted" in shown(fake_slack.homes[REQUESTER][-1])
+    await settle(service)
+    assert service.deps is not None
+    still = await service.deps.workflow.reads.approval(team, grant)
+    assert still is not None and still.standing is not None and still.standing.revoked_at is None
+
+    await press_home(client, team, BOB, bobs, "revoke_standing", grant)
+    (revoked,) = await fake_slack.wait_for(
+        "chat.update", predicate=decided_card("Revoked by <@UCFO>")
+    )
+    assert "revoke_standing" not in json.dumps(revoked.args["blocks"])
+
+    def redrawn(user: str) -> bool:
+        return buttons(fake_slack.homes[user][-1], "revoke_standing") == []
+
+    await poll(lambda: redrawn(ALICE) and redrawn(BOB), "both Homes without the Revoke")
+    await settle(service)
+    _, next_card = await asked(client, fake_slack, gemini, team, SMALL, thread=thread)
+    assert "Approval needed" in text_of(next_card)
+    await settle(service)
+    assert len(ledger_tools.entries()) == 1
+
+
 @pytest.mark.parametrize("policy", [RULES])
 @pytest.mark.parametrize("other", ["thread", "requester", "rule"])
 async def test_a_call_elsewhere_by_someone_else_or_under_another_rule_gets_a_card(
@@ -448,6 +516,31 @@ async def test_list_and_explain_say_what_a_standing_approval_offers(
         team, "UANYONE", 'explain transferMoney {"amount": 50000, "toAccount": "ACC-1"}'
     )
     assert "Needs 2 approvals" in huge and "Approve for" not in huge
+
+
+@pytest.mark.parametrize(
+    ("policy", "says", "not_"),
+    [
+        (RULES, "standing approvals of 1 h", "an Approve takes a note"),
+        (NOTE_REQUIRED + ONE_RULE, "an Approve takes a note", "standing"),
+    ],
+)
+async def test_rules_and_the_admins_home_show_a_tools_note_and_standing_settings(
+    client: SlackClient, team: str, service: Service, says: str, not_: str
+) -> None:
+    """`/approvals rules <tool>` heads its rules with the tool's policy line, as `list` and
+    the admins' Home show it: whether an Approve takes a note, what standing approval the
+    card offers."""
+    from tests.bot.conftest import ADMIN
+    from tests.bot.test_home import open_home
+
+    _, listed = await client.command(team, "UANYONE", "list")
+    _, rules = await client.command(team, "UANYONE", "rules transferMoney")
+    view = await open_home(client, team, ADMIN)
+    home = "\n".join(b["text"]["text"] for b in view["blocks"] if b["type"] == "section")
+    for answer in (listed, rules, home):
+        [line] = [x for x in answer.split("\n") if "`transferMoney` —" in x]
+        assert says in line and not_ not in line, line
 
 
 @pytest.mark.parametrize("policy", [RULES])

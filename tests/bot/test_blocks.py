@@ -33,6 +33,7 @@ from storage.domain import (
     Source,
     Started,
     Thread,
+    Withdrawn,
 )
 
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
@@ -54,7 +55,7 @@ DECIDED_AT = NOW + timedelta(minutes=5)
 def info(
     *,
     id: str = "ap-1",
-    decision: Approved | Denied | Expired | None = None,
+    decision: Approved | Denied | Expired | Withdrawn | None = None,
     execution: NotStarted | Started | Finished | None = None,
     card_channel: str = "C0APPROVE",
     **request: Any,
@@ -72,10 +73,11 @@ def info(
 
 
 def decided(kind: str, *, reason: str | None = None, **over: Any) -> Approval:
-    decisions: dict[str, Approved | Denied | Expired] = {
+    decisions: dict[str, Approved | Denied | Expired | Withdrawn] = {
         "approved": Approved("U222", DECIDED_AT, reason),
         "denied": Denied("U222", DECIDED_AT, reason),
         "expired": Expired(DECIDED_AT),
+        "withdrawn": Withdrawn("U111", DECIDED_AT),
     }
     return info(decision=decisions[kind], **over)
 
@@ -244,6 +246,7 @@ def test_decided_states_have_no_buttons() -> None:
         "approved": "✅ Approved by <@U222> at <!date^",
         "denied": "❌ Denied by <@U222> at <!date^",
         "expired": "⌛ Expired at <!date^",
+        "withdrawn": "↩️ Withdrawn by <@U111>, who asked for it, at <!date^",
     }
     for status, start in cases.items():
         card = render(decided(status, reason="too pricey"))
@@ -255,6 +258,9 @@ def test_decided_states_have_no_buttons() -> None:
     assert denied["blocks"][-1]["text"]["text"].endswith(": too pricey")
     expired = render(decided("expired"))
     assert "denied automatically" in expired["blocks"][-1]["text"]["text"]
+    withdrawn = render(decided("withdrawn"))
+    assert withdrawn["blocks"][0]["text"]["text"] == "Withdrawn: send_payment"
+    assert withdrawn["blocks"][-1]["text"]["text"].endswith("was withdrawn, so nothing runs")
 
 
 def test_execution_state_on_approved_card() -> None:
@@ -268,15 +274,28 @@ def test_execution_state_on_approved_card() -> None:
 def test_requester_note() -> None:
     a = info(input={"to": "ACME <!channel>", "amount": 12})
     note = messages.requester_note(a, card_link="https://t.slack.com/archives/C0APPROVE/p1")
+    validate(note)
     text = note["text"]
     assert text.startswith(
-        "I need approval to run `send_payment` (to: ACME &lt;!channel&gt;, amount: 12)"
-    )
-    assert (
-        "<#C0APPROVE>" in text
-        and "<#C0APPROVE> (<https://t.slack.com/archives/C0APPROVE/p1|see the request>)" in text
+        "⏳ Waiting for approval in <#C0APPROVE> "
+        "(<https://t.slack.com/archives/C0APPROVE/p1|see the request>) "
+        "to run `send_payment` (to: ACME &lt;!channel&gt;, amount: 12)"
     )
     assert text.endswith("I'll continue here once someone decides.")
+    # Its requester may take it back from here: one Withdraw, naming the request, which
+    # Slack asks them to confirm.
+    [row] = [b for b in note["blocks"] if b["type"] == "actions"]
+    [button] = row["elements"]
+    assert (button["text"]["text"], button["action_id"], button["value"]) == (
+        "Withdraw",
+        "withdraw",
+        "ap-1",
+    )
+    assert button["confirm"]["confirm"]["text"] == "Withdraw"
+    # Once withdrawn from the note, the button goes and the note says so.
+    after = messages.withdrawn_note(note["blocks"], "ap-1")
+    assert "withdraw" not in json.dumps(after).replace("withdrew", "")
+    assert "You withdrew this request" in json.dumps(after)
     many = messages.requester_note(
         [
             a,
@@ -287,6 +306,20 @@ def test_requester_note() -> None:
     assert "2 actions" in many["text"]
     assert "`delete_user` (<https://t.slack.com/y|see the request>)" in many["text"]
     assert "<#C0APPROVE> and <#C0OTHER>" in many["text"]
+    validate(many)
+    # One Withdraw per request, beside what it is.
+    rows = [b for b in many["blocks"] if "accessory" in b]
+    assert [(b["text"]["text"], b["accessory"]["value"]) for b in rows] == [
+        ("`send_payment` (to: ACME &lt;!channel&gt;, amount: 12)", "ap-1"),
+        ("`delete_user`", "ap-2"),
+    ]
+    assert {b["accessory"]["text"]["text"] for b in rows} == {"Withdraw"}
+    after = messages.withdrawn_note(many["blocks"], "ap-2")
+    assert [b.get("accessory", {}).get("value") for b in after if "text" in b][-2:] == [
+        "ap-1",
+        None,
+    ]
+    assert after[-1]["text"]["text"].endswith("↩️ _withdrawn_")
     assert messages.thinking_message()["text"]
 
 

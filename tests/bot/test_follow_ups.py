@@ -6,14 +6,19 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bot.server import Service
+from storage.db import SessionFactory
+from storage.domain import CardState
+from storage.models import ApprovalRow
 from tests.bot.conftest import APPROVERS, SlackClient, bot_settings, in_channel, policy_file, settle
 from tests.bot.test_e2e import ask, text_of
+from tests.bot.test_trust import sweep
 from tests.conftest import poll
 from tests.fakes.gemini import FakeGemini, text
 from tests.fakes.slack_api import FakeSlack
@@ -131,3 +136,92 @@ async def test_the_loop_reminds_within_seconds_of_the_time(
     started = time.monotonic()
     await poll(lambda: len(reminders(fake_slack)) == 1, "the reminder", timeout=15)
     assert time.monotonic() - started < 1 + 10  # due after 1 s, done within 10 s of that
+
+
+# -- Issue 21 §8: a failed escalation post is retried through the card's outbox ----------------
+
+
+def leads_cards(fake_slack: FakeSlack) -> list[str]:
+    """The live messages in the leads' channel (cards: nothing else is posted there)."""
+    return [ts for ts, m in fake_slack.messages.items() if m.get("channel") == LEADS]
+
+
+async def escalation_left_behind(sessions: SessionFactory, approval_id: str) -> None:
+    """As if the escalated card's post was tried a while ago (past the outbox's grace)."""
+    async with sessions.begin() as db:
+        row = await db.get_one(ApprovalRow, approval_id)
+        assert row.escalation_card == CardState.POSTING and row.escalation_ts is None
+        row.escalation_attempted_at = datetime.now(UTC) - timedelta(minutes=5)
+
+
+@pytest.mark.parametrize("reached_slack", [False, True])
+async def test_a_failed_escalation_post_is_retried_once_leaving_one_live_card(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    bot_sessions: SessionFactory,
+    reached_slack: bool,
+) -> None:
+    """The escalated card's post fails once (Slack's internal error; with `reached_slack`,
+    after Slack had posted it): nothing is lost, and one sweep finishes it, once."""
+    original = fake_slack.handlers["chat.postMessage"]
+    failed: list[dict[str, Any]] = []
+
+    def fail_once_in_leads(args: dict[str, Any]) -> dict[str, Any]:
+        if args.get("channel") == LEADS and not failed:
+            failed.append(args)
+            if reached_slack:
+                original(args)  # posted; its answer is what fails
+            return {"ok": False, "error": "internal_error"}
+        return original(args)
+
+    fake_slack.handlers["chat.postMessage"] = fail_once_in_leads
+    asked = await ask(client, fake_slack, gemini, team)
+    await poll(lambda: bool(failed), "the escalation's post")  # the service's own loop
+    await settle(service)
+    assert service.deps is not None
+    now = await service.deps.workflow.reads.approval(team, asked.approval_id)
+    assert now is not None and now.escalated and now.escalation is not None
+    assert now.escalation.card == CardState.POSTING and now.escalation.ts is None
+    assert len(leads_cards(fake_slack)) == (1 if reached_slack else 0)
+
+    await escalation_left_behind(bot_sessions, asked.approval_id)
+    await sweep(service, team)
+    await sweep(service, team)  # and again: nothing more
+    await settle(service)
+    now = await service.deps.workflow.reads.approval(team, asked.approval_id)
+    assert now is not None and now.escalation is not None
+    assert now.escalation.card == CardState.POSTED
+    assert leads_cards(fake_slack) == [now.escalation.ts]  # one live card, the one recorded
+    posts = [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(LEADS)(c)]
+    assert len(posts) == (1 if reached_slack else 2)  # found in the channel, or posted again
+    # The first card says it was escalated; the leads' card decides like the first.
+    gemini.script(text("Sent."))
+    leads_card = posts[-1] if not reached_slack else posts[0]
+    assert (await client.click(team, "ULEAD", "approve", leads_card, channel=LEADS))[0] == 200
+    await fake_slack.wait_for(
+        "chat.update",
+        count=2,
+        predicate=lambda c: "Approved by <@ULEAD>" in json.dumps(c.args.get("blocks")),
+    )
+    await settle(service)
+
+
+async def test_a_second_post_of_a_card_already_recorded_is_deleted(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """Two attempts at one escalated card that both reached Slack (a slow post and a
+    sweep's retry): the one recorded second is deleted at once."""
+    asked = await ask(client, fake_slack, gemini, team)
+    await poll(lambda: len(leads_cards(fake_slack)) == 1, "the escalated card")
+    await settle(service)
+    assert service.deps is not None and service.app is not None
+    now = await service.deps.workflow.reads.approval(team, asked.approval_id)
+    assert now is not None and now.escalation is not None and now.escalation.ts is not None
+    delivery = service.deps.delivery
+    kept = await delivery._post(service.app.client, now, LEADS, None, escalated=True)
+    assert kept == now.escalation.ts  # the recorded card's
+    assert leads_cards(fake_slack) == [now.escalation.ts]
+    assert len(fake_slack.calls_to("chat.delete")) == 1

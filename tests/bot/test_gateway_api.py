@@ -78,6 +78,7 @@ async def test_ask_wait_start_once_finish(
         "decided_by": BOSS,
         "reason": None,
         "input": {"version": "1.4.2"},
+        "note": None,
     }
     other = await key(service, team, OTHER, "theirs")
     assert (await api.call("POST", f"/approvals/{made['id']}/start", other))[0] == 403
@@ -126,6 +127,8 @@ async def test_policy_may_allow_at_once(
         "POST", "/approvals", token, {"tool": "deployRelease", "input": {}}
     )
     assert (status, made["status"]) == (201, "approved")
+    _, read = await api.call("GET", f"/approvals/{made['id']}", token)
+    assert (read["reason"], read["note"]) == ("allowed by policy", None)  # why, not a note
     assert (await api.call("POST", f"/approvals/{made['id']}/start", token))[0] == 200
     assert fake_slack.calls_to("chat.postMessage") == []
 
@@ -162,3 +165,29 @@ async def test_keys_ids_and_bodies_are_checked(service: Service, api: Api, team:
     assert (await api.call("GET", f"/approvals/{made['id']}?wait=61", token))[0] == 400
     status, spec = await api.call("GET", "/openapi.json", None)
     assert status == 200 and spec["openapi"].startswith("3.1")
+
+
+async def test_an_approvers_note_reaches_the_caller(
+    service: Service, api: Api, client: SlackClient, fake_slack: FakeSlack, team: str
+) -> None:
+    """Approve with note: GET (and so the callback) carries it as `note`; every other field
+    as before."""
+    from tests.bot.test_approver_tools import note, opened_view, press
+
+    token = await key(service, team)
+    _, made = await api.call("POST", "/approvals", token, {"tool": "deployRelease", "input": {}})
+    [card] = await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
+    assert (await press(client, team, BOSS, "approve_menu", f"note:{made['id']}~1", card))[0] == 200
+    view = await opened_view(fake_slack, 0)
+    words = "Deploy after 18:00 <!channel>; roll back if errors rise."
+    assert await client.submit(team, BOSS, view, note(words)) == (200, "")
+    status, decided = await api.call("GET", f"/approvals/{made['id']}?wait=30", token)
+    assert status == 200
+    assert decided == {
+        "id": made["id"],
+        "status": "approved",
+        "decided_by": BOSS,
+        "reason": words,  # as it was before `note`: an Approve's reason is its note
+        "input": {},
+        "note": words,  # as written: the caller's to escape where it shows it
+    }

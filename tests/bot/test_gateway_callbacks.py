@@ -111,6 +111,7 @@ async def test_a_signed_callback_is_retried_after_a_500_and_sent_once(
             "decided_by": BOSS,
             "reason": None,
             "input": {"v": "2"},
+            "note": None,
         }
     row = await callback_row(bot_database, made["id"])
     assert row is not None and row.delivered_at is not None and row.attempts == 2

@@ -328,6 +328,49 @@ async def test_edit_and_approve_runs_the_edited_input_and_says_what_changed(
     assert ran["amount"] == 300
 
 
+async def test_an_approvers_note_comes_with_the_result(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str, ledger: Any
+) -> None:
+    """The caller's model gets the note, as Greenlight's own agent does: `{"output": …,
+    "note": …}`."""
+    from tests.bot.conftest import approval_id_of
+    from tests.bot.test_approver_tools import note, opened_view, press
+
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        call = asyncio.create_task(mcp.call_tool("transferMoney", {"amount": 9, "toAccount": "N"}))
+        card = await card_for(fake_slack)
+        id_ = approval_id_of(card)
+        assert (await press(client, team, BOSS, "approve_menu", f"note:{id_}~1", card))[0] == 200
+        view = await opened_view(fake_slack, 0)
+        assert await client.submit(team, BOSS, view, note("Only this once.")) == (200, "")
+        result = await asyncio.wait_for(call, 30)
+    assert not result.is_error
+    body = {"output": {"success": True, "transactionId": f"txn-{id_}"}, "note": "Only this once."}
+    assert result.structured_content == body
+    assert json.loads(result.content[0].text) == body  # type: ignore[union-attr]
+    assert len(ledger_tools.entries()) == 1
+
+
+async def test_edit_and_approve_with_a_note_says_both(
+    service: Service, client: SlackClient, fake_slack: FakeSlack, team: str, ledger: Any
+) -> None:
+    from bot.modals import EDIT_NOTE
+    from tests.bot.test_edits import open_edit, values
+
+    async with mcp_client(service, await new_key(service, team)) as mcp:
+        call = asyncio.create_task(mcp.call_tool("transferMoney", {"amount": 80, "toAccount": "E"}))
+        card = await card_for(fake_slack)
+        opened = await open_edit(client, fake_slack, team, card)
+        written = {EDIT_NOTE: {"note": {"type": "plain_text_input", "value": "Capped at 60."}}}
+        submitted = values("60", "E") | written
+        assert await client.submit(team, BOSS, opened.args["view"], submitted) == (200, "")
+        result = await asyncio.wait_for(call, 30)
+    assert not result.is_error and result.structured_content is not None
+    assert result.structured_content["approved_with_changes"] == {"amount": {"from": 80, "to": 60}}
+    assert result.structured_content["note"] == "Capped at 60."
+    assert result.structured_content["output"]["success"] is True
+
+
 async def test_two_replicas_run_an_approved_call_once(
     service: Service,
     client: SlackClient,

@@ -131,6 +131,36 @@ def test_check_refuses_a_standing_approval_too_long_or_with_a_quorum(tmp_path: P
     )
 
 
+def test_redact_is_checked_and_a_case_may_expect_it(tmp_path: Path) -> None:
+    """Issue 26: `redact` lists the input's keys nobody is shown; `check` refuses what is no
+    key name, and `test` may expect the list (in any order)."""
+    path = tmp_path / "policy.yml"
+    path.write_text("tools:\n  exportData:\n    redact: [destination, a.b]\n")
+    result = run_bot("policy", "check", str(path), env=ENV)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"{path}, line 3: tools.exportData.redact:"), result.stderr
+    assert "'a.b'" in result.stderr
+    path.write_text("tools:\n  exportData:\n    redact: [destination, apiToken]\n")
+    cases = tmp_path / "cases.yml"
+    cases.write_text(
+        """cases:
+  - name: the destination is hidden
+    call: {tool: exportData, input: {dataset: customers, destination: a@example.com}}
+    expect: {redact: [apiToken, destination]}
+  - name: nothing hidden
+    call: {tool: transferMoney, input: {amount: 500, toAccount: ACC-1}}
+    expect: {redact: [toAccount]}
+"""
+    )
+    result = run_bot("policy", "test", str(path), str(cases), env=ENV)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        "PASS the destination is hidden",
+        "FAIL nothing hidden: expected redact [toAccount], got []",
+        "1 passed, 1 failed",
+    ]
+
+
 def test_policy_without_its_arguments_is_usage_and_exit_2() -> None:
     result = run_bot("policy", "test", "only-one.yml", env=ENV)
     assert result.returncode == 2 and "usage: greenlight policy" in result.stderr

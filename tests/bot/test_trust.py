@@ -490,3 +490,34 @@ async def test_guests_and_people_of_other_organisations_cannot_approve_or_admini
     assert service.deps is not None
     still = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert still is not None and still.decision is None and ledger_tools.entries() == []
+
+
+@pytest.mark.parametrize(
+    ("who", "said"),
+    [
+        ({"is_restricted": True}, "a guest of this workspace"),
+        ({"is_ultra_restricted": True}, "a guest of this workspace"),
+        ({"team_id": "T0OTHERORG"}, "of another organisation (Slack Connect)"),
+        ({}, None),
+    ],
+    ids=["guest", "single-channel guest", "another organisation", "a member"],
+)
+async def test_a_request_from_a_guest_or_another_organisation_says_so_on_the_card(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    who: dict[str, Any],
+    said: str | None,
+) -> None:
+    """Issue 21 §8: the approvers see who is asking; a member's card says nothing of it."""
+    fake_slack.users["UVISITOR"] = who
+    asked = await ask(client, fake_slack, gemini, team, requester="UVISITOR")
+    (requested_by,) = [
+        b["text"]["text"]
+        for b in asked.card.args["blocks"]
+        if "Requested by" in b.get("text", {}).get("text", "")
+    ]
+    for marker in ("a guest of this workspace", "of another organisation"):
+        assert (marker in requested_by) == (said is not None and marker in said), requested_by

@@ -26,6 +26,7 @@ from storage.domain import (
     Started,
     Thread,
     TurnState,
+    Withdrawn,
 )
 from storage.lifecycle import (
     ANSWER,
@@ -38,6 +39,8 @@ from storage.lifecycle import (
     DENY,
     EDIT,
     ESCALATE,
+    ESCALATION_FAILED,
+    ESCALATION_POSTED,
     EXPIRE,
     FINISH_EXECUTION,
     GIVE_UP,
@@ -48,12 +51,14 @@ from storage.lifecycle import (
     RENEW,
     REQUEST,
     RETRY_CARD,
+    RETRY_ESCALATION,
     REVOKE,
     START_EXECUTION,
     STATES,
     TRANSITIONS,
     USE,
     VOTE,
+    WITHDRAW,
     IllegalTransition,
     Requirement,
     State,
@@ -80,6 +85,7 @@ ALLOWED: dict[tuple[Transition, State | None], tuple[State, set[Requirement]]] =
         {R.ASKS_APPROVAL, R.AS_SEEN, R.BEFORE_DEADLINE, R.SEVERAL_NEEDED},
     ),
     (DENY, A.PENDING): (A.DENIED, {R.ASKS_APPROVAL, R.AS_SEEN, R.BEFORE_DEADLINE}),
+    (WITHDRAW, A.PENDING): (A.WITHDRAWN, {R.ASKS_APPROVAL, R.BY_REQUESTER, R.BEFORE_DEADLINE}),
     (ANSWER, A.PENDING): (A.ANSWERED, {R.ASKS_ANSWER, R.BEFORE_DEADLINE}),
     (EXPIRE, A.PENDING): (A.EXPIRED, {R.PAST_DEADLINE}),
     (START_EXECUTION, E.NOT_STARTED): (E.STARTED, {R.APPROVED, R.SAME_CALL, R.SAME_VERSION}),
@@ -92,6 +98,10 @@ ALLOWED: dict[tuple[Transition, State | None], tuple[State, set[Requirement]]] =
         EscalationState.ESCALATED,
         {R.STILL_PENDING, R.ESCALATION_DUE},
     ),
+    # The escalated card's outbox, as the card's.
+    (RETRY_ESCALATION, C.POSTING): (C.POSTING, {R.STILL_PENDING, R.ESCALATION_POST_RAN_OUT}),
+    (ESCALATION_POSTED, C.POSTING): (C.POSTED, set()),
+    (ESCALATION_FAILED, C.POSTING): (C.FAILED, set()),
     (GRANT, StandingState.NONE): (StandingState.GRANTED, {R.STANDING_OFFERED}),
     (USE, StandingState.GRANTED): (
         StandingState.GRANTED,
@@ -155,6 +165,7 @@ def test_audited_transitions_name_fields_an_approval_has() -> None:
         "approve": "approved",
         "edit": "edited",
         "deny": "denied",
+        "withdraw": "withdrawn",
         "answer": "answered",
         "expire": "expired",
         "start execution": "execution_started",
@@ -162,6 +173,7 @@ def test_audited_transitions_name_fields_an_approval_has() -> None:
         "card failed": "card_failed",
         "remind": "reminded",
         "escalate": "escalated",
+        "escalation failed": "escalation_failed",
         "grant": "standing_granted",
         "approve under standing": "approved",
         "revoke": "standing_revoked",
@@ -188,6 +200,7 @@ def test_an_approvals_state_follows_its_typed_values() -> None:
     assert approval(decision=Denied("U2", NOW, "no")).state == A.DENIED
     assert approval(decision=Expired(NOW)).state == A.EXPIRED
     assert approval(decision=Answered("U2", NOW, "42")).state == A.ANSWERED
+    assert approval(decision=Withdrawn("U1", NOW)).state == A.WITHDRAWN
     assert approval(execution=Started()).execution_state == E.STARTED
     assert approval(execution=Finished({"ok": True})).execution_state == E.FINISHED
     assert approval(execution=NotStarted()).execution_state == E.NOT_STARTED
