@@ -33,6 +33,7 @@ from bot.card import approval_card, question_card
 from bot.links import KEPT, Links
 from bot.streaming import ReplyStream, Streams
 from storage.domain import Approval, Thread
+from storage.gateway_store import GATEWAY_CHANNEL
 
 log = logging.getLogger(__name__)
 
@@ -289,6 +290,8 @@ class Delivery:
         replace: str | None = None,
     ) -> str | None:
         """Post into the thread (or replace a message in it); returns the message ts."""
+        if thread.channel_id == GATEWAY_CHANNEL:
+            return None  # a gateway request's: no Slack thread to post in
         try:
             if replace is not None:
                 await client.chat_update(channel=thread.channel_id, ts=replace, **message)

@@ -15,6 +15,7 @@ import logging
 from slack_sdk.web.async_client import AsyncWebClient
 
 from storage.domain import Thread
+from storage.gateway_store import GATEWAY_CHANNEL
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ class Links:
         self, client: AsyncWebClient, thread: Thread, in_thread: str | None
     ) -> str | None:
         """The link, or None: a card without it still works, so nothing here may fail it."""
+        if thread.channel_id == GATEWAY_CHANNEL:
+            return None  # a gateway request's: no Slack thread is behind it
         if self._workspace is None:
             self._workspace = asyncio.ensure_future(self._address(client))
         if (base := await asyncio.shield(self._workspace)) is not None:

@@ -155,8 +155,8 @@ class Gateway:
         outcome = await self._await(caller, approval, None, progress)
         if outcome.status == "ran":
             return {"behavior": "allow", "updatedInput": outcome.output}
-        why = outcome.error or "not approved"
-        return {"behavior": "deny", "message": f"{tool_name} was {why} in Greenlight (Slack)."}
+        why = outcome.error or "not approved"  # last, so the reason is not run into more words
+        return {"behavior": "deny", "message": f"{tool_name} was not allowed in Greenlight: {why}"}
 
     async def policy(self, key: ApiKey, tool: str, args: dict[str, Any]) -> Policy:
         """The call admitted under the owner's message limit (each call counts as a message,

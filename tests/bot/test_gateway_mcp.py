@@ -260,6 +260,8 @@ async def test_a_caller_that_goes_away_leaves_a_request_that_runs_nothing(
         "chat.update", timeout=15, predicate=lambda c: "went away" in json.dumps(c.args)
     )
     assert "nothing will run" in json.dumps(update.args["blocks"])
+    # No Slack thread is behind a gateway request: its card links to none.
+    assert "View the conversation" not in json.dumps(update.args)
     assert service.deps is not None
     pending = await service.deps.workflow.reads.pending(team)
     assert [a.request.tool for a in pending] == ["transferMoney"]  # not cancelled
