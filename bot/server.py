@@ -361,8 +361,8 @@ async def serve(settings: Settings, *, host: str = "0.0.0.0") -> None:  # noqa: 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         try:
-            await service.start()
-            heap.freeze()
+            with heap.building(collect=True):  # no collection until it has started
+                await service.start()
             await stop.wait()
             log.info("shutting down")
         finally:
