@@ -9,55 +9,58 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import logging
 import signal
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from aiohttp import web
-from pydantic import SecretStr
-from slack_bolt.async_app import AsyncApp
-from slack_sdk.web.async_client import AsyncWebClient
+from bot import heap
 
-from agent import policy_file as policy_files
-from agent.assemble import build_workflow, new_uuid, utc_now
-from agent.files import FileTools
-from agent.gate import ToolTimeouts
-from agent.keys import ApiKeys
-from agent.limits import MessageLimits
-from agent.mcp_config import McpServers
-from agent.models import Credentials, ModelPluginError, Resilience
-from agent.policy import policy_defaults
-from agent.policy_file import PolicyFile
-from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig, ToolModuleError
-from agent.workflow import Workflow
-from bot.app import build_app
-from bot.assistant import AssistantThreads
-from bot.background import Background
-from bot.clicks import ClickLimit
-from bot.delivery import Delivery
-from bot.deps import Deps
-from bot.home import HomeTabs
-from bot.listeners.commands import policy_summary
-from bot.loops import Loops
-from bot.mcp_servers import McpConnections, mcp_servers
-from bot.metrics import Metrics
-from bot.people import People
-from bot.routes import HEALTH_TIMEOUT, Probes, slack_web_app
-from bot.settings import ConfigError, Settings
-from bot.startup import prepare_policy, read_policy_file
-from gateway.api import ApiDoor
-from gateway.callbacks import Deliveries, Reach
-from gateway.calls import PROMPT_PREFIX, Gateway
-from gateway.mcp_route import PATH as MCP_PATH, LazyMcpDoor
-from gateway.requests import Requests
-from gateway.sweep import GatewaySweep
-from storage import embedded
-from storage.approval_store import ApprovalStore
-from storage.db import make_engine, make_session_factory
-from storage.gateway_store import GatewayStore
+# Everything below builds what lasts as long as the process: no garbage collection meanwhile.
+with heap.building():
+    from aiohttp import web
+    from pydantic import SecretStr
+    from slack_bolt.async_app import AsyncApp
+    from slack_sdk.web.async_client import AsyncWebClient
+
+    from agent import policy_file as policy_files
+    from agent.assemble import build_workflow, new_uuid, utc_now
+    from agent.files import FileTools
+    from agent.gate import ToolTimeouts
+    from agent.keys import ApiKeys
+    from agent.limits import MessageLimits
+    from agent.mcp_config import McpServers
+    from agent.models import Credentials, ModelPluginError, Resilience
+    from agent.policy import policy_defaults
+    from agent.policy_file import PolicyFile
+    from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig, ToolModuleError
+    from agent.workflow import Workflow
+    from bot.app import build_app
+    from bot.assistant import AssistantThreads
+    from bot.background import Background
+    from bot.clicks import ClickLimit
+    from bot.delivery import Delivery
+    from bot.deps import Deps
+    from bot.home import HomeTabs
+    from bot.listeners.commands import policy_summary
+    from bot.loops import Loops
+    from bot.mcp_servers import McpConnections, mcp_servers
+    from bot.metrics import Metrics
+    from bot.people import People
+    from bot.routes import HEALTH_TIMEOUT, Probes, slack_web_app
+    from bot.settings import ConfigError, Settings
+    from bot.startup import prepare_policy, read_policy_file
+    from gateway.api import ApiDoor
+    from gateway.callbacks import Deliveries, Reach
+    from gateway.calls import PROMPT_PREFIX, Gateway
+    from gateway.mcp_route import PATH as MCP_PATH, LazyMcpDoor
+    from gateway.requests import Requests
+    from gateway.sweep import GatewaySweep
+    from storage import embedded
+    from storage.approval_store import ApprovalStore
+    from storage.db import make_engine, make_session_factory
+    from storage.gateway_store import GatewayStore
 
 if TYPE_CHECKING:
     from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
@@ -351,14 +354,6 @@ class Service:
         await self._counters.dispose()
 
 
-def freeze_heap() -> None:
-    """Keep what start-up built (modules, Genkit's registry, pydantic's schemas) out of every
-    later garbage collection. Each full collection walked all of it: under load that paused
-    the event loop for 200 ms and more, and Slack's acknowledgements waited (bench/bot.py)."""
-    gc.collect()
-    gc.freeze()
-
-
 async def serve(settings: Settings, *, host: str = "0.0.0.0") -> None:  # noqa: S104
     """Run until SIGTERM or SIGINT; with DATABASE_URL unset, on the embedded PostgreSQL."""
     with embedded.unless_given(settings.DATABASE_URL) as url:
@@ -368,8 +363,8 @@ async def serve(settings: Settings, *, host: str = "0.0.0.0") -> None:  # noqa: 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         try:
-            await service.start()
-            freeze_heap()
+            with heap.building(collect=True):  # no collection until it has started
+                await service.start()
             await stop.wait()
             log.info("shutting down")
         finally:

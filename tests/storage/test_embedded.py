@@ -39,6 +39,23 @@ async def test_a_temporary_server_answers_and_leaves_nothing_behind() -> None:
         await asyncpg.connect(host=str(data), user="postgres", timeout=5)
 
 
+async def test_the_demos_server_keeps_its_data_in_memory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """initdb's thousand files cost seconds of system CPU on a busy disk, little on a RAM
+    filesystem (issue 23); where TMPDIR says, temporary files go there as usual."""
+    monkeypatch.delenv("TMPDIR", raising=False)
+    if embedded._in_memory() is None:
+        pytest.skip(f"no {embedded.RAM_DIR} with {embedded.RAM_ROOM} bytes free here")
+    with embedded.temporary(in_memory=True) as server:
+        data = Path(str(make_url(server.url).query["host"]))
+        assert data.is_relative_to(embedded.RAM_DIR)
+        assert await _show(server.url, "fsync") == "off"
+    assert not data.parent.exists()
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert embedded._in_memory() is None
+
+
 async def test_a_given_url_starts_nothing(tmp_path: Path) -> None:
     given = "postgresql+asyncpg://u@db.invalid/x"
     with embedded.unless_given(given, tmp_path / "data") as url:
