@@ -283,7 +283,8 @@ class SqlSessionStore(SessionStore[Any]):
         team = self.team(context)
         for attempt in range(self._max_attempts):
             try:
-                return await self._save(team, snapshot_id, fn)
+                new = attempt == 0 and (team, snapshot_id) not in self._leaves
+                return await self._save(team, snapshot_id, fn, new=new)
             except (_Conflict, DBAPIError) as exc:
                 if not _retryable(exc):
                     raise
@@ -293,13 +294,24 @@ class SqlSessionStore(SessionStore[Any]):
             message=f"Snapshot {snapshot_id!r}: gave up after {self._max_attempts} conflicts.",
         )
 
-    async def _save(self, team: str, snapshot_id: str, fn: SaveFn) -> SessionSnapshot | None:
-        """Most saves create a row, and a missing row has nothing to lock: they read it and
-        write it (one statement) in autocommit, two round trips, no BEGIN or COMMIT. A racing
-        creator's row fails the insert, and the retry finds the row."""
+    async def _save(
+        self, team: str, snapshot_id: str, fn: SaveFn, *, new: bool
+    ) -> SessionSnapshot | None:
+        """A missing row has nothing to lock: it is written (one statement) in autocommit,
+        no BEGIN or COMMIT. `new`: the id is likely new (this store did not create it, and
+        Genkit reserves a new id per turn), so fn is asked first and what it makes is
+        written straight away, without a lookup; a row that exists after all fails the
+        insert (its primary key), and the retry looks it up. A lookup comes first
+        otherwise, or when fn makes nothing of a missing row (an update: heartbeat, abort)."""
         async with autocommit(self._sessions) as s:
-            if (await s.execute(GET_ROW, {"team": team, "sid": snapshot_id})).first() is None:
-                snap = apply_save(existing=None, snapshot_id=snapshot_id, fn=fn)
+            snap = apply_save(existing=None, snapshot_id=snapshot_id, fn=fn) if new else None
+            exists = False
+            if snap is None:
+                key = {"team": team, "sid": snapshot_id}
+                exists = (await s.execute(GET_ROW, key)).first() is not None
+                if not (exists or new):
+                    snap = apply_save(existing=None, snapshot_id=snapshot_id, fn=fn)
+            if not exists:
                 if snap is not None:
                     await self._create(s, team, snap)
                 return snap
