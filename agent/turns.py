@@ -41,6 +41,7 @@ from agent.scope import TurnScope, scoped
 from storage.approval_store import ApprovalStore
 from storage.domain import Approval, Approved, Claim, NotStarted, Thread
 from storage.lifecycle import IllegalTransition
+from storage.session_store import starting
 
 log = logging.getLogger(__name__)
 
@@ -331,11 +332,12 @@ class Turns:
         """Run one Genkit turn in this workspace's scope, telling its text as it grows."""
         await told("")
         agent = self.runtime.agent
-        chat = agent.chat(snapshot_id=snapshot_id) if snapshot_id else agent.chat()
+        new = None if snapshot_id else self.new_id()  # a new chat's session, made here
+        chat = agent.chat(snapshot_id=snapshot_id) if snapshot_id else agent.chat(session_id=new)
         # A model that never answers must not hold the thread (or a resume lease) forever.
         # Approved calls run under their own timeout meanwhile (agent/scope.py ModelTime).
         async with scope.model_time.limit(self.turn_timeout.total_seconds()):
-            with scoped(scope):
+            with scoped(scope), starting(new):
                 turn = start(chat)
                 try:
                     said = ""

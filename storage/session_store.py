@@ -13,9 +13,10 @@ runtime passes only the ambient action context, usually None), else the store's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any, NamedTuple, cast
 
@@ -39,6 +40,20 @@ from storage.db import SessionFactory, autocommit
 from storage.models import MessageRow, SnapshotRow
 
 current_team: ContextVar[str | None] = ContextVar("greenlight_current_team", default=None)
+# The session a running turn starts, by an id it made just now (`starting`).
+_starting: ContextVar[str | None] = ContextVar("greenlight_starting_session", default=None)
+
+
+@contextlib.contextmanager
+def starting(session_id: str | None) -> Iterator[None]:
+    """Run a turn that starts session `session_id`, an id made for it: Genkit looks a new
+    chat's session up before its first turn, and one made just now has no rows to find."""
+    token = _starting.set(session_id)
+    try:
+        yield
+    finally:
+        _starting.reset(token)
+
 
 SaveFn = Callable[[SessionSnapshot | None], SessionSnapshot | None]
 _Row = sa.Row[Any, Any, Any, Any, Any, Any]  # a GET_ROW result
@@ -252,11 +267,14 @@ class SqlSessionStore(SessionStore[Any]):
         session_id: str | None = None,
         context: dict[str, Any] | None = None,
     ) -> SessionSnapshot | None:
-        """By id (one query), or the session's newest leaf (Genkit's own pick; two)."""
+        """By id (one query), or the session's newest leaf (Genkit's own pick; two; none for
+        the session a turn starts, see `starting`)."""
         require_one_selector(snapshot_id=snapshot_id, session_id=session_id)
         if snapshot_id is not None:
             assert_safe_snapshot_id(snapshot_id=snapshot_id)  # as FileSessionStore does
         team = self.team(context)
+        if snapshot_id is None and session_id is not None and session_id == _starting.get():
+            return None  # a session made for this turn: no query finds what cannot be there
         async with autocommit(self._sessions) as s:  # single statements: no BEGIN, no COMMIT
             if snapshot_id is None:
                 params = {"team": team, "session": session_id}

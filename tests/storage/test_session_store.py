@@ -40,7 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from storage import session_store
 from storage.db import make_engine, make_session_factory
 from storage.models import MessageRow, SnapshotRow
-from storage.session_store import SqlSessionStore, current_team
+from storage.session_store import SqlSessionStore, current_team, starting
 from tests.conftest import pg_test_url
 
 KINDS = ["memory", "file", "postgresql"]
@@ -625,6 +625,27 @@ async def test_new_snapshot_statements(team: str) -> None:
     finally:
         await engine.dispose()
     assert [t for _, t in texts(got)] == ["a", "b", "c"]
+
+
+async def test_the_session_a_turn_starts_is_not_looked_up(team: str) -> None:
+    """Genkit looks a new chat's session up; one the turn made just now is answered without
+    a query. Any other session, or the same one outside the turn, is looked up."""
+    engine = make_engine(pg_test_url())
+    ran: list[str] = []
+    event.listen(engine.sync_engine, "before_cursor_execute", lambda *a: ran.append(a[2]))
+    store, ctx = SqlSessionStore(make_session_factory(engine)), {"team_id": team}
+    try:
+        await store.save_snapshot("s1", snap("s1", session="old", texts=("a",)), context=ctx)
+        ran.clear()
+        with starting("fresh"):
+            assert await store.get_snapshot(session_id="fresh", context=ctx) is None
+            assert ran == []
+            found = await store.get_snapshot(session_id="old", context=ctx)
+        assert [t for _, t in texts(found)] == ["a"] and len(ran) == 2
+        assert await store.get_snapshot(session_id="fresh", context=ctx) is None
+        assert len(ran) == 3
+    finally:
+        await engine.dispose()
 
 
 async def test_concurrent_sessions_all_land(sql: Backend) -> None:
