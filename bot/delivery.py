@@ -176,7 +176,7 @@ class Delivery:
         elif stream is not None:
             await stream.close(None)  # what it said stays; the retry says the rest
         for approval in resumed.settled:
-            await self.refresh_card(client, approval, final=not retrying)
+            await self.refresh_card(client, approval, current=not retrying)
 
     async def sweep(
         self, client: AsyncWebClient, report: SweepReport, streams: Streams | None = None
@@ -186,7 +186,7 @@ class Delivery:
         for approval in report.unescalated:
             await self._post_again(client, approval, escalated=True)
         for approval in report.expired:
-            await self.refresh_card(client, approval, final=True)
+            await self.refresh_card(client, approval, current=True)
         for resumed in report.resumed:
             await self.resumed(client, resumed, streams)
 
@@ -209,15 +209,16 @@ class Delivery:
                 await self.refresh_card(client, done)
 
     async def refresh_card(
-        self, client: AsyncWebClient, approval: Approval, *, final: bool = False
+        self, client: AsyncWebClient, approval: Approval, *, current: bool = False
     ) -> None:
         """Redraw a card in place from the recorded state (decided cards lose their buttons).
 
-        Unless `final` (read after the approval's last change: its turn finished, or it
-        expired), the state is re-read just before drawing, so a late redraw (a losing click)
-        does not paint over a newer one (the call has run) with what it saw earlier.
+        Unless `current` (as the write that changed it returned it, or read after its last
+        change: its turn finished, or it expired), the state is re-read just before drawing,
+        so a late redraw (a losing click) does not paint over a newer one (the call has run)
+        with what it saw earlier.
         """
-        if not final:
+        if not current:
             approval = (
                 await self._workflow.reads.approval(approval.thread.team_id, approval.id)
                 or approval

@@ -126,4 +126,6 @@ async def settled(deps: Deps, client: AsyncWebClient, decided: Decided) -> None:
             await streams.close_rest()
 
         deps.background.spawn(resume(), name=f"resume {turn_id}")
-    await deps.delivery.refresh_card(client, decided.approval)
+    # As the decision's write returned it (no read): what changes it next, the call running,
+    # is the resume's, which redraws the card itself when it ends.
+    await deps.delivery.refresh_card(client, decided.approval, current=True)
