@@ -68,10 +68,6 @@ class Turns:
     # The question tools whose answers are objects of a form (agent/questions.py).
     forms: frozenset[str] = frozenset()
 
-    async def accept_event(self, event_id: str) -> bool:
-        """Whether this is the first delivery of a Slack event (retries run nothing twice)."""
-        return await self.store.turns.accept_event(event_id, now=self.clock())
-
     async def knows(self, thread: Thread) -> bool:
         """Whether this thread already is a conversation (so replies in it continue it)."""
         return await self.store.turns.knows(thread)
