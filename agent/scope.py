@@ -20,7 +20,7 @@ from genkit import Message
 
 from agent.context import Index
 from agent.policy import Policy
-from storage.domain import Approval, Context, Thread
+from storage.domain import Approval, Context, History, Thread
 from storage.session_store import current_team
 
 # Entered around each wait on the model or a tool, so whoever runs the turn
@@ -101,6 +101,7 @@ class Called:
     policy: Policy
     context: Context
     input: dict[str, Any] | None = None  # as the tool's schema validated it (version 1)
+    history: History | None = None  # the requester's earlier requests, read with the policy
 
 
 current_scope: ContextVar[TurnScope | None] = ContextVar("greenlight_turn", default=None)
