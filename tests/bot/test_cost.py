@@ -20,11 +20,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from slack_bolt.request.async_request import AsyncBoltRequest
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from bot.server import Service
-from tests.bot.conftest import APPROVERS, SlackClient, new_ts, settle
+from tests.bot.conftest import APPROVERS, SECRET, SlackClient, new_ts, settle
+from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, function_call, text
 from tests.fakes.slack_api import Call, FakeSlack
 
@@ -115,3 +117,36 @@ async def test_one_conversation_makes_its_pinned_slack_calls(
         f"{c.method} {c.args.get('channel')} {str(c.args.get('text'))[:60]!r}"
         for c in fake_slack.calls[before:]
     )
+
+
+async def test_a_click_is_answered_before_its_work_begins(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    statements: Statements,
+) -> None:
+    """Bolt answers an Approve as soon as it is acknowledged: nothing the click does (the
+    decision, the Slack calls it makes) has begun when the answer goes (issue 23). Sent
+    straight to the Bolt app, so that its answer is the moment it returns."""
+    ts = new_ts()
+    gemini.script(function_call("transferMoney", {"amount": 500, "toAccount": "12345"}))
+    assert (await client.dm(team, "UEMP", "send 500 to 12345", ts=ts))[0] == 200
+    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=is_card(ts))
+    await settle(service)
+    gemini.script(text("Sent 500 to 12345."))
+    payload = await client.click_payload(team, "UBOSS", "approve", card)
+    slack_calls = len(fake_slack.calls)
+    headers = sp.signed_headers(SECRET, payload.body, content_type=payload.content_type)
+    assert service.app is not None
+    statements.start()
+    answer = await service.app.async_dispatch(
+        AsyncBoltRequest(body=payload.body.decode(), headers=dict(headers))
+    )
+    assert answer.status == 200
+    assert statements.seen == [] and len(fake_slack.calls) == slack_calls
+    await fake_slack.wait_for_message(
+        lambda m: m.get("thread_ts") == ts and m.get("text") == "Sent 500 to 12345."
+    )
+    await settle(service)
