@@ -94,6 +94,9 @@ class TurnScope:
     # The standing approvals that covered calls of this turn, as each use left them (by
     # id): their cards count the calls (agent/standing.py).
     covered_by: dict[str, Approval] = field(default_factory=dict)
+    # Told of each approved call of the turn as soon as its output is recorded, with the
+    # approval as it is then (a card can say it ran before the model has answered).
+    ran: Callable[[Approval], None] | None = None
 
 
 @dataclass(frozen=True)

@@ -85,9 +85,16 @@ class Turns:
         `viewing`: the channel the employee has open beside the thread, if Slack said."""
         return await self.watch.turn(self._start(thread, requester, text, on_text, viewing))
 
-    async def resume(self, turn_id: str, on_text: TextSink | None = None) -> Resumed | None:
-        """Resume a fully decided turn, once. None when it is not ready or someone else has it."""
-        return await self.watch.turn(self._resume(turn_id, on_text))
+    async def resume(
+        self,
+        turn_id: str,
+        on_text: TextSink | None = None,
+        *,
+        on_ran: Callable[[Approval], None] | None = None,
+    ) -> Resumed | None:
+        """Resume a fully decided turn, once. None when it is not ready or someone else has it.
+        `on_ran`: told of each approved call as soon as its output is recorded."""
+        return await self.watch.turn(self._resume(turn_id, on_text, on_ran))
 
     async def _start(
         self,
@@ -145,7 +152,9 @@ class Turns:
         await self._release(conversation, snapshot_id=out.snapshot_id)
         return Reply(thread, out.text, _covered(scope))
 
-    async def _resume(self, turn_id: str, on_text: TextSink | None) -> Resumed | None:
+    async def _resume(
+        self, turn_id: str, on_text: TextSink | None, on_ran: Callable[[Approval], None] | None
+    ) -> Resumed | None:
         now = self.clock()
         until = now + self.leases.lease
         try:
@@ -161,6 +170,7 @@ class Turns:
             approvals={a.id: a for a in claim.approvals},
             conversation_id=claim.conversation_id,
             thread=claim.thread,
+            ran=on_ran,
         )
         resume = asyncio.current_task()
         lost = asyncio.Event()

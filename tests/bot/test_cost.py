@@ -24,7 +24,9 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
+from bot.listeners import shared
 from bot.server import Service
+from tests import ledger_tools
 from tests.bot.conftest import APPROVERS, SECRET, SlackClient, new_ts, settle
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, function_call, text
@@ -33,7 +35,7 @@ from tests.fakes.slack_api import Call, FakeSlack
 # Tasks of the service that run on a timer, not for a conversation.
 LOOPS = {"recovery sweep", "follow-ups", "gateway sweep", "gateway decisions", "gateway waiters"}
 SQL_PER_CONVERSATION = 14
-SLACK_PER_CONVERSATION = Counter({"chat.postMessage": 3, "chat.update": 3, "users.info": 1})
+SLACK_PER_CONVERSATION = Counter({"chat.postMessage": 3, "chat.update": 2, "users.info": 1})
 
 
 class Statements:
@@ -149,4 +151,34 @@ async def test_a_click_is_answered_before_its_work_begins(
     await fake_slack.wait_for_message(
         lambda m: m.get("thread_ts") == ts and m.get("text") == "Sent 500 to 12345."
     )
+    await settle(service)
+
+
+async def test_a_slow_calls_card_says_approved_before_it_ran(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An approved call's card waits for the call to have run before it is redrawn (one
+    redraw, not two), but not long: a slow call's card says who approved it after
+    REDRAW_WITHIN, and once the call ran, that it ran."""
+    monkeypatch.setattr(shared, "REDRAW_WITHIN", 0.2)
+    ts = new_ts()
+    gemini.script(function_call("transferMoney", {"amount": 5, "toAccount": "slow-1.5"}))
+    assert (await client.dm(team, "UEMP", "send 5 to slow-1.5", ts=ts))[0] == 200
+    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=is_card(ts))
+    gemini.script(text("Sent."))
+    assert (await client.click(team, "UBOSS", "approve", card))[0] == 200
+
+    def redrawn(c: Call) -> bool:
+        return c.args.get("channel") == APPROVERS and "Approved by <@UBOSS>" in json.dumps(c.args)
+
+    (approved,) = await fake_slack.wait_for("chat.update", predicate=redrawn)
+    assert "Ran." not in json.dumps(approved.args)
+    assert [e for e in ledger_tools.entries() if e["tool"] == "transferMoney:finished"] == []
+    _, ran = await fake_slack.wait_for("chat.update", 2, predicate=redrawn)
+    assert "Ran." in json.dumps(ran.args)
     await settle(service)
