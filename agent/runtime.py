@@ -177,12 +177,17 @@ def build_runtime(
         loaded.tools.append(define_ask_human(ai))
         loaded.interrupts.add(ASK_HUMAN)
         system += ASK_HUMAN_PROMPT
+    use = [middleware(), *config.resilience.middleware(), *mounted]
+    # Genkit registers each middleware class it does not know on every model call (in the
+    # call's own registry), deriving its config's JSON schema each time: known, it does not.
+    for cls in dict.fromkeys(type(m) for m in use):
+        ai.define_middleware(cls, name=f"greenlight.{cls.__name__}")
     agent = ai.define_agent(
         name="greenlight",
         model=config.model,
         system=system,
         tools=loaded.tools,
-        use=[middleware(), *config.resilience.middleware(), *mounted],
+        use=use,
         store=store,
     )
     if clash := sorted(set(tools := {t.name: t for t in loaded.tools}) & set(mounted_tools or {})):
