@@ -34,9 +34,8 @@ from genkit.exp import SessionSnapshot, SessionStore
 from genkit.model import Message
 from pydantic import TypeAdapter
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
 
-from storage.db import SessionFactory, autocommit
+from storage.db import Db, SessionFactory, autocommit
 from storage.models import MessageRow, SnapshotRow
 
 current_team: ContextVar[str | None] = ContextVar("greenlight_current_team", default=None)
@@ -345,19 +344,17 @@ class SqlSessionStore(SessionStore[Any]):
                 await self._write(s, team, snap, row)
             return snap
 
-    async def _load(self, s: AsyncSession, team: str, row: _Row) -> SessionSnapshot:
+    async def _load(self, s: Db, team: str, row: _Row) -> SessionSnapshot:
         rows: Sequence[Any] = ()
         if row.message_count is not None:
             rows = (await s.execute(MESSAGES, {"team": team, "sid": row.snapshot_id})).all()
         return _assemble(row.snapshot_id, row.meta, row.message_count, rows)
 
-    async def _messages(self, s: AsyncSession, team: str, row: _Row) -> list[dict[str, Any]]:
+    async def _messages(self, s: Db, team: str, row: _Row) -> list[dict[str, Any]]:
         rows = (await s.execute(MESSAGES, {"team": team, "sid": row.snapshot_id})).all()
         return _checked(row.snapshot_id, row.message_count, rows)
 
-    async def _plan(
-        self, s: AsyncSession, team: str, snap: SessionSnapshot, *, locked: bool
-    ) -> _Plan:
+    async def _plan(self, s: Db, team: str, snap: SessionSnapshot, *, locked: bool) -> _Plan:
         """The row, and the messages it stores: only those its parent lacks. `locked`: read
         the parent FOR SHARE; else (for CREATE, which checks its digest) a leaf will do."""
         msgs = snap.state.messages if snap.state is not None else None
@@ -396,7 +393,7 @@ class SqlSessionStore(SessionStore[Any]):
         up = (None, None) if parent is None else (parent[0], parent[2])
         return _Plan(values, (msgs or [])[inherited:], proof, (count, inherited, digests[n], *up))
 
-    async def _create(self, s: AsyncSession, team: str, snap: SessionSnapshot) -> None:
+    async def _create(self, s: Db, team: str, snap: SessionSnapshot) -> None:
         """A new row and its messages in one statement (PostgreSQL, autocommit)."""
         plan = await self._plan(s, team, snap, locked=False)
         params = {f"new_{c}": v for c, v in plan.values.items()}
@@ -407,9 +404,7 @@ class SqlSessionStore(SessionStore[Any]):
         if len(self._leaves) > _LEAVES:
             del self._leaves[next(iter(self._leaves))]  # the oldest
 
-    async def _write(
-        self, s: AsyncSession, team: str, snap: SessionSnapshot, old: _Row | None
-    ) -> None:
+    async def _write(self, s: Db, team: str, snap: SessionSnapshot, old: _Row | None) -> None:
         """Insert, or compare-and-swap, the row; store only the messages the parent lacks."""
         key = {"team": team, "sid": snap.snapshot_id}
         self._leaves.pop((team, snap.snapshot_id), None)  # a child would read it afresh
@@ -432,9 +427,7 @@ class SqlSessionStore(SessionStore[Any]):
         await self._insert(s, team, snap.snapshot_id, dumped, values["inherited"])
 
     @staticmethod
-    async def _insert(
-        s: AsyncSession, team: str, sid: str, data: list[dict[str, Any]], start: int
-    ) -> None:
+    async def _insert(s: Db, team: str, sid: str, data: list[dict[str, Any]], start: int) -> None:
         if data:
             rows = [
                 {"team_id": team, "snapshot_id": sid, "position": i, "data": d}
@@ -442,7 +435,7 @@ class SqlSessionStore(SessionStore[Any]):
             ]
             await s.execute(sa.insert(M), rows)
 
-    async def _checkpoint_children(self, s: AsyncSession, team: str, snapshot_id: str) -> None:
+    async def _checkpoint_children(self, s: Db, team: str, snapshot_id: str) -> None:
         """Before a row's messages change, give the children that inherit them a full copy."""
         kids = await s.execute(LOCK_KIDS, {"team": team, "sid": snapshot_id})
         for kid in kids.all():
