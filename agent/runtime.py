@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dotpromptz.typing import DataArgument
 from genkit import Tool
 from genkit.exp import Agent, Genkit, SessionStore
 from genkit.middleware import BaseMiddleware
@@ -28,6 +29,12 @@ DEFAULT_SYSTEM_PROMPT = (
     "it was denied, withdrawn, expired or has an unknown outcome, tell the employee plainly "
     "and do not retry it on your own."
 )
+
+# Genkit renders the system prompt at every model call with dotprompt's
+# `DataArgument[dict[str, Any]]`. Pydantic keeps a parametrized model only while something
+# references it, so after a garbage collection each call built the class again (about 3 ms
+# of CPU). Referenced here, it is built once.
+RENDER_DATA = DataArgument[dict[str, Any]]
 
 
 class ToolModuleError(ValueError):

@@ -1,17 +1,27 @@
-"""Loading AGENT_TOOLS: tools and the previews a module offers for them."""
+"""Building the runtime: AGENT_TOOLS' tools and the previews a module offers for them, and what
+Genkit would otherwise build again at every model call."""
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from dotpromptz.typing import DataArgument
 from genkit._ai._generate import register_middleware  # private: what a model call runs
 from genkit.exp import Genkit, InMemorySessionStore
 from genkit.middleware import BaseMiddleware
 
 from agent.models import Resilience
-from agent.runtime import AgentConfig, ToolModuleError, build_runtime, load_tools
+from agent.runtime import (
+    RENDER_DATA,
+    AgentConfig,
+    ToolModuleError,
+    build_runtime,
+    load_tools,
+)
 from tests.fakes.scripted_model import ScriptedModel
 
 TOOL = """
@@ -122,3 +132,10 @@ def test_the_agents_middleware_is_registered_once_not_per_model_call() -> None:
         call.list_values("middleware").keys()
         == runtime.ai.registry.list_values("middleware").keys()
     )  # nothing new in the call's own
+
+
+def test_the_class_genkit_renders_the_system_prompt_with_is_built_once() -> None:
+    """Genkit asks for `DataArgument[dict[str, Any]]` at every model call; it is the one kept
+    alive here, however many garbage collections ran since."""
+    gc.collect()
+    assert DataArgument[dict[str, Any]] is RENDER_DATA
