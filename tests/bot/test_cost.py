@@ -5,8 +5,10 @@ the card, an Approve by someone else, the tool run and the model's reply in the 
 counts are pinned exactly, so a change that adds a statement or a Slack call says so here;
 lower them when a cut lands. Each counts the second conversation of a service, as the
 benchmark counts a warm one (the workspace's address and the approver channel's privacy are
-asked once per process, not per conversation), with another approver each time (so one
-`users.info` each, as there). Statements are those of the conversation's work only: the
+asked once per process, not per conversation), with another requester and approver each
+time, as there: so two `users.info` (whether the requester is a guest, for the card; whether
+the approver is, before they may decide), each asked once a minute per person. Statements
+are those of the conversation's work only: the
 service's periodic loops (recovery sweep, follow-ups, the gateway's) and this test's own
 reads (the click helper's) are left out.
 """
@@ -35,7 +37,7 @@ from tests.fakes.slack_api import Call, FakeSlack
 # Tasks of the service that run on a timer, not for a conversation.
 LOOPS = {"recovery sweep", "follow-ups", "gateway sweep", "gateway decisions", "gateway waiters"}
 SQL_PER_CONVERSATION = 14
-SLACK_PER_CONVERSATION = Counter({"chat.postMessage": 3, "chat.update": 2, "users.info": 1})
+SLACK_PER_CONVERSATION = Counter({"chat.postMessage": 3, "chat.update": 2, "users.info": 2})
 
 
 class Statements:
@@ -70,14 +72,15 @@ async def conversation(
     gemini: FakeGemini,
     team: str,
     service: Service,
+    requester: str,
     approver: str,
 ) -> None:
     """The benchmark's conversation, start to end, every piece of work it started finished.
-    As in the benchmark, each conversation's approver is another person."""
+    As in the benchmark, each conversation's requester and approver are other people."""
     ts = new_ts()
     notes = len(fake_slack.calls_to("chat.update"))
     gemini.script(function_call("transferMoney", {"amount": 500, "toAccount": "12345"}))
-    assert (await client.dm(team, "UEMP", "send 500 to 12345", ts=ts))[0] == 200
+    assert (await client.dm(team, requester, "send 500 to 12345", ts=ts))[0] == 200
     (card,) = await fake_slack.wait_for("chat.postMessage", predicate=is_card(ts))
     await fake_slack.wait_for("chat.update", notes + 1)  # the requester's note
     gemini.script(text("Sent 500 to 12345."))
@@ -102,18 +105,22 @@ async def test_one_conversation_runs_its_pinned_number_of_statements(
     service: Service,
     statements: Statements,
 ) -> None:
-    await conversation(client, fake_slack, gemini, team, service, "UBOSS")  # the process warm
+    await conversation(
+        client, fake_slack, gemini, team, service, "UEMP", "UBOSS"
+    )  # the process warm
     statements.start()
-    await conversation(client, fake_slack, gemini, team, service, "UCFO")
+    await conversation(client, fake_slack, gemini, team, service, "UEMP2", "UCFO")
     assert len(statements.seen) == SQL_PER_CONVERSATION, "\n".join(statements.seen)
 
 
 async def test_one_conversation_makes_its_pinned_slack_calls(
     client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
 ) -> None:
-    await conversation(client, fake_slack, gemini, team, service, "UBOSS")  # the process warm
+    await conversation(
+        client, fake_slack, gemini, team, service, "UEMP", "UBOSS"
+    )  # the process warm
     before = len(fake_slack.calls)
-    await conversation(client, fake_slack, gemini, team, service, "UCFO")
+    await conversation(client, fake_slack, gemini, team, service, "UEMP2", "UCFO")
     made = Counter(c.method for c in fake_slack.calls[before:])
     assert made == SLACK_PER_CONVERSATION, "\n".join(
         f"{c.method} {c.args.get('channel')} {str(c.args.get('text'))[:60]!r}"
