@@ -105,8 +105,9 @@ class Calls:
         request = params.tool_request_part.tool_request
         raw = request.input if request else None
         ref = request.ref if request else None
-        policy = await self.policies.get(scope.team_id, tool)
         question = tool in self.questions  # it only asks: never gated
+        # A call that needs approval needs its card's history too: both in one read.
+        policy, history = await self.policies.with_history(scope.team_id, tool, scope.requester)
         # Policy reads the call as the tool's schema takes it, never the raw arguments.
         args, errors = coerced(params.tool, raw)
         problem = invalid_problem(tool, errors) if errors else None
@@ -132,7 +133,7 @@ class Calls:
             return await self.gate.run_covered(covered, scope, params, ctx, next_fn)  # no card
         if ref:
             context = context or await context_of(scope, ref, args)
-            scope.calls[ref] = Called(policy, context, args)
+            scope.calls[ref] = Called(policy, context, args, history)
         async with self.outside():
             shown = await preview_of(self.previews, tool, args)
         raise Interrupt({"why": policy.why, "preview": shown})

@@ -154,8 +154,10 @@ class Gate:
                 return MultipartToolResponse(output=noted(approval, cut_off(tool, seconds)))
             output = _failed(tool, approval, exc)
             result = MultipartToolResponse(output=output)
-        await self.executions.finish_execution(approval, output=output, now=self.clock())
+        finished = await self.executions.finish_execution(approval, output=output, now=self.clock())
         self._covered_ended(approval, Finished(output))
+        if scope.ran is not None:
+            scope.ran(finished)
         if approval.notes():  # the record keeps the tool's own output; the model gets both
             return MultipartToolResponse(
                 output=noted(approval, output), content=result.content, metadata=result.metadata

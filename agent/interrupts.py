@@ -19,7 +19,7 @@ from genkit.exp import AgentInterrupt, AgentResponse
 
 from agent.approval import interrupt_note
 from agent.gate import note_of, noted, recorded
-from agent.policy import Policy, PolicyService
+from agent.policy import HISTORY_DAYS, Policy, PolicyService
 from agent.questions import answered
 from agent.scope import TurnScope
 from storage.domain import (
@@ -42,7 +42,6 @@ from storage.domain import (
 )
 from storage.reads import ReadStore
 
-HISTORY_DAYS = 30  # how far back a card counts the requester's earlier requests
 # Why a call its requester withdrew did not run: the model gets it as a denial's error.
 WITHDRAWN = "withdrawn by the requester"
 
@@ -75,14 +74,21 @@ class Interrupts:
             for p in (out.message.content if out.message else [])
             if p.tool_request is not None
         }
-        tools = list(dict.fromkeys(intr.name for intr in out.interrupts))
-        history = await self.reads.history(
-            scope.team_id,
-            scope.requester,
-            tools,
-            since=now - timedelta(days=HISTORY_DAYS),
-            days=HISTORY_DAYS,
-        )
+        # Each call's history as read with its policy (agent/approval.py); read now for the
+        # tools whose calls did not (a rule asked, a tool interrupted itself).
+        history = {
+            intr.name: called.history
+            for intr in out.interrupts
+            if (called := scope.calls.get(intr.ref or "")) and called.history is not None
+        }
+        if unread := list(dict.fromkeys(i.name for i in out.interrupts if i.name not in history)):
+            history |= await self.reads.history(
+                scope.team_id,
+                scope.requester,
+                unread,
+                since=now - timedelta(days=HISTORY_DAYS),
+                days=HISTORY_DAYS,
+            )
         approvals = [
             await self._approval(turn, scope, intr, notes.get(intr.ref, {}), history[intr.name])
             for intr in out.interrupts

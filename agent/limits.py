@@ -28,6 +28,7 @@ class Admission:
 
 
 RUN = Admission(run=True)
+RETRIED = Admission(run=False)  # Slack's retry of an event already handled
 
 
 class MessageLimits:
@@ -38,16 +39,31 @@ class MessageLimits:
         clock: Callable[[], datetime],
         per_user: int,
         per_team: int,
+        events: SessionFactory | None = None,
     ) -> None:
-        self._counts = MessageCounts(sessions)
+        """`sessions` for the counters; `events` (default: the same) for Slack's event ids,
+        recorded with a count (storage/message_counts.py)."""
+        self._counts = MessageCounts(sessions, events=events)
         self._clock = clock
         self._per_user = per_user
         self._per_team = per_team
 
-    async def admit(self, team: str, user: str) -> Admission:
-        """Count one message (one statement); a second one only for a refused message."""
-        minute = self._clock().replace(second=0, microsecond=0)
-        team_count = await self._counts.count(team, user, minute=minute, per_user=self._per_user)
+    async def admit(self, team: str, user: str, *, event_id: str | None = None) -> Admission:
+        """Count one message (one statement); a second one only for a refused message.
+        `event_id`: the Slack event that brought it, recorded in that same statement; a
+        retried delivery of it is not counted again, and runs nothing, in silence."""
+        now = self._clock()
+        minute = now.replace(second=0, microsecond=0)
+        if event_id is None:
+            team_count = await self._counts.count(
+                team, user, minute=minute, per_user=self._per_user
+            )
+        else:
+            first, team_count = await self._counts.count_event(
+                team, user, event_id, now=now, per_user=self._per_user
+            )
+            if not first:
+                return RETRIED
         if team_count is not None and team_count <= self._per_team:
             return RUN
         over: Literal["user", "team"] = "user" if team_count is None else "team"

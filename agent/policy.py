@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from agent.policy_file import PolicyFile, compiled
-from storage.domain import Refusal
+from storage.domain import History, Refusal
 from storage.policies import PolicyStore
 from storage.policy_spec import Rule, StoredPolicy, ToolPolicy, split_principals
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import cel
 
 POLICY_FILE_ACTOR = "policy-file"  # who the audit trail says changed what the file sets
+HISTORY_DAYS = 30  # how far back a card counts the requester's earlier requests
 
 
 class UnknownTool(ValueError):
@@ -354,6 +355,18 @@ class PolicyService:
     async def get(self, team_id: str, tool: str) -> Policy:
         """The tool's policy as stored now, defaults applied."""
         return self.of(tool, await self._store.get(team_id, tool))
+
+    async def with_history(
+        self, team_id: str, tool: str, requester: str
+    ) -> tuple[Policy, History | None]:
+        """`get`, and how `requester`'s requests of `tool` in the last HISTORY_DAYS ended,
+        which its card shows, read together: a call that needs approval reads both. None
+        where the stored row lets calls run freely (a rule may still ask: read it then)."""
+        since = self._clock() - timedelta(days=HISTORY_DAYS)
+        stored, history = await self._store.with_history(
+            team_id, tool, requester, since=since, days=HISTORY_DAYS
+        )
+        return self.of(tool, stored), history
 
     def of(self, tool: str, stored: StoredPolicy | None) -> Policy:
         """The policy a stored row (read with something else) gives, defaults applied."""

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dotpromptz.typing import DataArgument
 from genkit import Tool
 from genkit.exp import Agent, Genkit, SessionStore
 from genkit.middleware import BaseMiddleware
@@ -28,6 +29,12 @@ DEFAULT_SYSTEM_PROMPT = (
     "it was denied, withdrawn, expired or has an unknown outcome, tell the employee plainly "
     "and do not retry it on your own."
 )
+
+# Genkit renders the system prompt at every model call with dotprompt's
+# `DataArgument[dict[str, Any]]`. Pydantic keeps a parametrized model only while something
+# references it, so after a garbage collection each call built the class again (about 3 ms
+# of CPU). Referenced here, it is built once.
+RENDER_DATA = DataArgument[dict[str, Any]]
 
 
 class ToolModuleError(ValueError):
@@ -177,12 +184,17 @@ def build_runtime(
         loaded.tools.append(define_ask_human(ai))
         loaded.interrupts.add(ASK_HUMAN)
         system += ASK_HUMAN_PROMPT
+    use = [middleware(), *config.resilience.middleware(), *mounted]
+    # Genkit registers each middleware class it does not know on every model call (in the
+    # call's own registry), deriving its config's JSON schema each time: known, it does not.
+    for cls in dict.fromkeys(type(m) for m in use):
+        ai.define_middleware(cls, name=f"greenlight.{cls.__name__}")
     agent = ai.define_agent(
         name="greenlight",
         model=config.model,
         system=system,
         tools=loaded.tools,
-        use=[middleware(), *config.resilience.middleware(), *mounted],
+        use=use,
         store=store,
     )
     if clash := sorted(set(tools := {t.name: t for t in loaded.tools}) & set(mounted_tools or {})):

@@ -20,7 +20,7 @@ from genkit import Message
 
 from agent.context import Index
 from agent.policy import Policy
-from storage.domain import Approval, Context, Thread
+from storage.domain import Approval, Context, History, Thread
 from storage.session_store import current_team
 
 # Entered around each wait on the model or a tool, so whoever runs the turn
@@ -94,6 +94,9 @@ class TurnScope:
     # The standing approvals that covered calls of this turn, as each use left them (by
     # id): their cards count the calls (agent/standing.py).
     covered_by: dict[str, Approval] = field(default_factory=dict)
+    # Told of each approved call of the turn as soon as its output is recorded, with the
+    # approval as it is then (a card can say it ran before the model has answered).
+    ran: Callable[[Approval], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class Called:
     policy: Policy
     context: Context
     input: dict[str, Any] | None = None  # as the tool's schema validated it (version 1)
+    history: History | None = None  # the requester's earlier requests, read with the policy
 
 
 current_scope: ContextVar[TurnScope | None] = ContextVar("greenlight_turn", default=None)

@@ -41,6 +41,7 @@ from agent.scope import TurnScope, scoped
 from storage.approval_store import ApprovalStore
 from storage.domain import Approval, Approved, Claim, NotStarted, Thread
 from storage.lifecycle import IllegalTransition
+from storage.session_store import starting
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,6 @@ class Turns:
     # The question tools whose answers are objects of a form (agent/questions.py).
     forms: frozenset[str] = frozenset()
 
-    async def accept_event(self, event_id: str) -> bool:
-        """Whether this is the first delivery of a Slack event (retries run nothing twice)."""
-        return await self.store.turns.accept_event(event_id, now=self.clock())
-
     async def knows(self, thread: Thread) -> bool:
         """Whether this thread already is a conversation (so replies in it continue it)."""
         return await self.store.turns.knows(thread)
@@ -88,9 +85,16 @@ class Turns:
         `viewing`: the channel the employee has open beside the thread, if Slack said."""
         return await self.watch.turn(self._start(thread, requester, text, on_text, viewing))
 
-    async def resume(self, turn_id: str, on_text: TextSink | None = None) -> Resumed | None:
-        """Resume a fully decided turn, once. None when it is not ready or someone else has it."""
-        return await self.watch.turn(self._resume(turn_id, on_text))
+    async def resume(
+        self,
+        turn_id: str,
+        on_text: TextSink | None = None,
+        *,
+        on_ran: Callable[[Approval], None] | None = None,
+    ) -> Resumed | None:
+        """Resume a fully decided turn, once. None when it is not ready or someone else has it.
+        `on_ran`: told of each approved call as soon as its output is recorded."""
+        return await self.watch.turn(self._resume(turn_id, on_text, on_ran))
 
     async def _start(
         self,
@@ -148,7 +152,9 @@ class Turns:
         await self._release(conversation, snapshot_id=out.snapshot_id)
         return Reply(thread, out.text, _covered(scope))
 
-    async def _resume(self, turn_id: str, on_text: TextSink | None) -> Resumed | None:
+    async def _resume(
+        self, turn_id: str, on_text: TextSink | None, on_ran: Callable[[Approval], None] | None
+    ) -> Resumed | None:
         now = self.clock()
         until = now + self.leases.lease
         try:
@@ -164,6 +170,7 @@ class Turns:
             approvals={a.id: a for a in claim.approvals},
             conversation_id=claim.conversation_id,
             thread=claim.thread,
+            ran=on_ran,
         )
         resume = asyncio.current_task()
         lost = asyncio.Event()
@@ -331,11 +338,12 @@ class Turns:
         """Run one Genkit turn in this workspace's scope, telling its text as it grows."""
         await told("")
         agent = self.runtime.agent
-        chat = agent.chat(snapshot_id=snapshot_id) if snapshot_id else agent.chat()
+        new = None if snapshot_id else self.new_id()  # a new chat's session, made here
+        chat = agent.chat(snapshot_id=snapshot_id) if snapshot_id else agent.chat(session_id=new)
         # A model that never answers must not hold the thread (or a resume lease) forever.
         # Approved calls run under their own timeout meanwhile (agent/scope.py ModelTime).
         async with scope.model_time.limit(self.turn_timeout.total_seconds()):
-            with scoped(scope):
+            with scoped(scope), starting(new):
                 turn = start(chat)
                 try:
                     said = ""

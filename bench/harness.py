@@ -492,6 +492,9 @@ class Usage:
             statements = sql["statement_total"]
             out["sql"] = {
                 "statements": round(statements / n, 2),
+                # The service's timers' (bench/serve.py TIMERS): by the clock, not per
+                # conversation; shown per conversation only to compare with the above.
+                "timer_statements": round(sql.get("timer_statements", 0) / n, 2),
                 "by_verb": {k: round(v / n, 2) for k, v in sorted(sql["statements"].items())},
                 "transactions": round(sql["begins"] / n, 2),
                 "pool_checkouts": round(sql["checkouts"] / n, 2),

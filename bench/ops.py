@@ -45,6 +45,7 @@ from genkit.model import ModelRequest, ModelResponse
 from genkit_middleware import ToolApproval
 
 from agent.assemble import build_workflow, utc_now
+from agent.limits import MessageLimits
 from agent.outcomes import AwaitingApproval
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
@@ -117,8 +118,10 @@ async def run(database_url: str | None = None, n: int = 200) -> dict[str, Any]:
         # One approval to read over and over.
         sample = (await paused(-100)).approvals[0]
 
+        limits = MessageLimits(sessions, clock=utc_now, per_user=10**9, per_team=10**9)
+
         async def seen_event(i: int) -> None:
-            await workflow.turns.accept_event(f"Ev{run_id}{i}")
+            await limits.admit(TEAM, "UEMP", event_id=f"Ev{run_id}{i}")
 
         async def approval(i: int) -> None:
             await workflow.reads.approval(TEAM, sample.id)
@@ -132,7 +135,7 @@ async def run(database_url: str | None = None, n: int = 200) -> dict[str, Any]:
 
         steps: dict[str, Callable[[int], Awaitable[Any]]] = {
             "engine.connect + SELECT 1 (the floor)": select_1,
-            "workflow.accept_event (dedup insert)": seen_event,
+            "limits.admit of an event (dedup insert + count)": seen_event,
             "workflow.approval (approval + turn + conversation)": approval,
             "policies.get": policy,
         }

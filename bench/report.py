@@ -142,6 +142,7 @@ def table(result: JSON) -> str:
     row("harness CPU ms / conversation", "saturation", "per_conversation", "harness_cpu_ms")
     row("Slack calls / conversation", "saturation", "per_conversation", "slack_calls")
     row("SQL statements / conversation", "saturation", "per_conversation", "sql", "statements")
+    row("  and the timers' meanwhile", "saturation", "per_conversation", "sql", "timer_statements")
     row("SQL transactions / conversation", "saturation", "per_conversation", "sql", "transactions")
     row("SQL round trips / conv (est.)", "saturation", "per_conversation", "sql", "round_trips_est")
     row("SQL time ms / conv (1 conv)", "levels", "1", "per_conversation", "sql", "statement_ms")

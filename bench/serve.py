@@ -4,9 +4,10 @@ Same settings (read from the environment), same logging set-up, same `bot.server
 only differences are the host (`python -m bot` listens on every interface) and probes that
 cost a few microseconds per statement:
 
-- SQLAlchemy event counters: statements (by verb), transactions begun / committed / rolled
-  back, pool checkouts (each is a pre-ping round trip), new connections, and wall time spent
-  inside statements;
+- SQLAlchemy event counters: statements (by verb; those of the service's timers, the
+  recovery sweep, follow-ups and the gateway's, apart), transactions begun / committed /
+  rolled back, pool checkouts (each is a pre-ping round trip), new connections, and wall
+  time spent inside statements;
 - on SIGUSR1 the counters are written as JSON to $BENCH_STATS_FILE, so the benchmark can
   take a delta around each phase;
 - SIGUSR2 starts recording every statement, transaction boundary and pool checkout with its
@@ -49,6 +50,20 @@ from bot.server import serve as bot_serve
 from bot.settings import Settings
 
 _TABLE = re.compile(r"\b(?:FROM|INTO|UPDATE|JOIN)\s+(\w+)", re.IGNORECASE)
+# The service's timers (bot/loops.py, gateway/sweep.py, gateway/waiting.py), by task name:
+# what they run is counted apart, not charged to the conversations that run meanwhile.
+TIMERS = frozenset(
+    {"recovery sweep", "follow-ups", "gateway sweep", "gateway decisions", "gateway waiters"}
+)
+
+
+def _on_timer() -> bool:
+    """Whether the running task is one of the service's timers."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no loop running (a statement at start-up or shut-down)
+        return False
+    return task is not None and task.get_name() in TIMERS
 
 
 def _kind(statement: str) -> str:
@@ -64,6 +79,7 @@ class SqlStats:
 
     def __init__(self) -> None:
         self.statements: Counter[str] = Counter()
+        self.timer_statements = 0  # the timers' (TIMERS), not in `statements`
         self.statement_seconds = 0.0
         self.begins = 0
         self.commits = 0
@@ -130,7 +146,10 @@ class SqlStats:
     def _before(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         conn.info.setdefault("bench_started", []).append(time.perf_counter())
         verb = statement.lstrip().split(None, 1)[0].upper() if statement.strip() else "?"
-        self.statements[verb] += 1
+        if _on_timer():
+            self.timer_statements += 1
+        else:
+            self.statements[verb] += 1
         if self.trace is not None:
             self.trace.append((time.perf_counter(), " ".join(statement.split())[:160]))
 
@@ -180,6 +199,7 @@ class SqlStats:
             "seq": self.dumps,
             "statements": dict(self.statements),
             "statement_total": sum(self.statements.values()),
+            "timer_statements": self.timer_statements,
             "statement_seconds": self.statement_seconds,
             "begins": self.begins,
             "commits": self.commits,

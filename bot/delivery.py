@@ -6,6 +6,8 @@ cannot be posted leaves the approval in the database, where /approvals pending f
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
@@ -76,6 +78,9 @@ class Delivery:
         self._on_change: Callable[[AsyncWebClient, Approval], None] | None = None
         self._links = Links()
         self._permalink = self._links.link
+        # What each card was last redrawn as (a digest, by channel and ts): a redraw that
+        # would change nothing is not sent (a resume's, after the card said the call ran).
+        self._drawn: dict[tuple[str, str], bytes] = {}
 
     def watch(self, on_change: Callable[[AsyncWebClient, Approval], None]) -> None:
         """Be told of every change a card is redrawn for (the Home tabs, bot/home.py)."""
@@ -176,7 +181,7 @@ class Delivery:
         elif stream is not None:
             await stream.close(None)  # what it said stays; the retry says the rest
         for approval in resumed.settled:
-            await self.refresh_card(client, approval, final=not retrying)
+            await self.refresh_card(client, approval, current=not retrying)
 
     async def sweep(
         self, client: AsyncWebClient, report: SweepReport, streams: Streams | None = None
@@ -186,7 +191,7 @@ class Delivery:
         for approval in report.unescalated:
             await self._post_again(client, approval, escalated=True)
         for approval in report.expired:
-            await self.refresh_card(client, approval, final=True)
+            await self.refresh_card(client, approval, current=True)
         for resumed in report.resumed:
             await self.resumed(client, resumed, streams)
 
@@ -209,15 +214,16 @@ class Delivery:
                 await self.refresh_card(client, done)
 
     async def refresh_card(
-        self, client: AsyncWebClient, approval: Approval, *, final: bool = False
+        self, client: AsyncWebClient, approval: Approval, *, current: bool = False
     ) -> None:
         """Redraw a card in place from the recorded state (decided cards lose their buttons).
 
-        Unless `final` (read after the approval's last change: its turn finished, or it
-        expired), the state is re-read just before drawing, so a late redraw (a losing click)
-        does not paint over a newer one (the call has run) with what it saw earlier.
+        Unless `current` (as the write that changed it returned it, or read after its last
+        change: its turn finished, or it expired), the state is re-read just before drawing,
+        so a late redraw (a losing click) does not paint over a newer one (the call has run)
+        with what it saw earlier.
         """
-        if not final:
+        if not current:
             approval = (
                 await self._workflow.reads.approval(approval.thread.team_id, approval.id)
                 or approval
@@ -234,6 +240,9 @@ class Delivery:
         link = await self._permalink(client, approval.thread)
         for channel, ts in places:  # the card, and its copy in the escalation channel
             card = await self._card(client, channel, approval, link)
+            drawn = hashlib.blake2b(json.dumps(card, sort_keys=True).encode()).digest()
+            if self._drawn.get((channel, ts)) == drawn:
+                continue  # as this process last drew it there: nothing to change
             try:
                 await client.chat_update(
                     channel=channel,
@@ -243,6 +252,10 @@ class Delivery:
                 )
             except SlackApiError as exc:
                 log.error("could not update card %s: %s", approval.id, exc.response.get("error"))
+                continue
+            if len(self._drawn) >= KEPT:
+                del self._drawn[next(iter(self._drawn))]  # the oldest
+            self._drawn[(channel, ts)] = drawn
 
     async def follow_ups(self, client: AsyncWebClient, due: Owed) -> None:
         """Do the reminders and escalations this process now owes (each recorded as done)."""

@@ -19,7 +19,7 @@ from storage.gateway_store import GATEWAY_CHANNEL
 
 log = logging.getLogger(__name__)
 
-KEPT = 4096  # links (and, in bot/delivery.py, channel names) this process keeps
+KEPT = 4096  # links (and, in bot/delivery.py, channel names and cards drawn) this process keeps
 
 
 class Links:

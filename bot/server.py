@@ -112,7 +112,8 @@ class Service:
         )
         # Message counters commit without waiting for the disk (synchronous_commit off):
         # a count is not worth an fsync, and a crash loses at most the last few. Every
-        # message and every gateway call makes one.
+        # gateway call makes one. A Slack message's count is written with its event id,
+        # which must outlive a crash (a retry runs nothing twice), on the main engine.
         self._counters = make_engine(
             settings.DATABASE_URL,
             pool_size=COUNTER_POOL,
@@ -208,6 +209,8 @@ class Service:
                 clock=self._clock,
                 per_user=s.USER_MESSAGES_PER_MINUTE,
                 per_team=s.TEAM_MESSAGES_PER_MINUTE,
+                # A message's count records its Slack event id, which must outlive a crash.
+                events=make_session_factory(self._engine),
             ),
             home=home,
             assistant=assistant,

@@ -15,9 +15,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from agent.context import SAID_MAX
-from agent.interrupts import HISTORY_DAYS
 from agent.keys import ApiKey
-from agent.policy import Policy
+from agent.policy import HISTORY_DAYS, Policy
 from storage.approval_store import ApprovalStore
 from storage.domain import (
     Approval,

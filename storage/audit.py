@@ -7,9 +7,8 @@ from datetime import datetime
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncSession
 
-from storage.db import SessionFactory, autocommit
+from storage.db import Db, SessionFactory, autocommit
 from storage.domain import AuditEntry
 from storage.models import AuditRow
 
@@ -45,7 +44,7 @@ def entry(
 
 
 async def recent(
-    db: AsyncSession, team_id: str, *, tool: str | None = None, limit: int = 20, offset: int = 0
+    db: Db, team_id: str, *, tool: str | None = None, limit: int = 20, offset: int = 0
 ) -> list[AuditEntry]:
     """The newest events first, a page of `limit` after skipping `offset`."""
     query = _RECENT.where(TABLE.c.team_id == team_id)

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import event, exc
 from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
     AsyncEngine,
     AsyncSession,
     async_sessionmaker,
@@ -16,6 +17,8 @@ from sqlalchemy.ext.asyncio import (
 )
 
 SessionFactory = async_sessionmaker[AsyncSession]
+# What statements run on: a Core connection (`autocommit`), or an ORM session's transaction.
+Db = AsyncConnection | AsyncSession
 
 # A pooled connection idle for longer than this is pinged before use: long enough that a
 # busy service never pays a round trip per transaction, short enough that a connection a
@@ -59,11 +62,12 @@ def make_session_factory(engine: AsyncEngine) -> SessionFactory:
 
 
 @contextlib.asynccontextmanager
-async def autocommit(sessions: SessionFactory) -> AsyncIterator[AsyncSession]:
-    """A session for lookups and lone writes, which need no transaction around them: each
-    statement commits on its own, with no BEGIN and COMMIT round trips (a transition and
-    its audit row are one statement)."""
-    async with sessions() as db:
-        await db.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
-        yield db
-        await db.commit()
+async def autocommit(sessions: SessionFactory) -> AsyncIterator[AsyncConnection]:
+    """A connection for lookups and lone writes, which need no transaction around them:
+    each statement commits on its own, with no BEGIN and COMMIT round trips (a transition
+    and its audit row are one statement). A Core connection of the factory's engine, not an
+    ORM session: nothing here needs one, and a session around each statement cost more CPU
+    than the statement (see docs/contributors.md, Performance)."""
+    engine: AsyncEngine = sessions.kw["bind"]
+    async with engine.connect() as conn:
+        yield await conn.execution_options(isolation_level="AUTOCOMMIT")

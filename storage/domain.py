@@ -113,6 +113,10 @@ class History:
     days: int = 30
 
 
+# The ends a History counts, in its fields' order (an answer or a withdrawal is none).
+HISTORY_ENDS = (ApprovalState.APPROVED, ApprovalState.DENIED, ApprovalState.EXPIRED)
+
+
 @dataclass(frozen=True)
 class Via:
     """A request that came through the gateway (gateway/), not from the agent's own turn:

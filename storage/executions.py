@@ -38,7 +38,8 @@ class ExecutionStore:
         call = {"call_tool": r.tool, "call_ref": r.ref, "call_version": approval.version}
         await change(self._sessions, START, START_EXECUTION, approval, now, call)
 
-    async def finish_execution(self, approval: Approval, *, output: Any, now: datetime) -> None:
-        """FINISH_EXECUTION with the tool's output, audited."""
+    async def finish_execution(self, approval: Approval, *, output: Any, now: datetime) -> Approval:
+        """FINISH_EXECUTION with the tool's output, audited; the approval as it is now."""
         finished = replace(approval, execution=Finished(output))
         await change(self._sessions, FINISH, FINISH_EXECUTION, finished, now, {"result": output})
+        return finished

@@ -12,10 +12,12 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 from storage import audit
 from storage.db import SessionFactory, autocommit
-from storage.models import PolicyRow
+from storage.domain import HISTORY_ENDS, History
+from storage.models import ApprovalRow, PolicyRow
 from storage.policy_spec import CHANGEABLE, Rule, StoredPolicy, split_principals
 
 _P = cast(sa.Table, PolicyRow.__table__)
@@ -23,6 +25,23 @@ _TEAM = _P.c.team_id == sa.bindparam("team_id")
 # Read at every tool call: a prebuilt Core query, not the ORM's identity-map get.
 GET = sa.select(_P).where(_TEAM, _P.c.tool == sa.bindparam("tool"))
 ALL = sa.select(_P).where(_TEAM)
+# With a call's policy, how the requester's earlier requests of the tool ended (its card
+# shows them), in the same statement; not counted where the stored row lets calls run freely.
+_A = cast(sa.Table, ApprovalRow.__table__)
+_earlier = (
+    sa.select(postgresql.array([sa.func.count().filter(_A.c.status == s) for s in HISTORY_ENDS]))
+    .where(
+        _A.c.team_id == sa.bindparam("team_id"),
+        _A.c.requester == sa.bindparam("requester"),
+        _A.c.tool == sa.bindparam("tool"),
+        _A.c.requested_at >= sa.bindparam("since", type_=_A.c.requested_at.type),
+    )
+    .scalar_subquery()
+)
+_one = sa.select(sa.literal(1).label("one")).subquery()  # a row, whether the policy's is there
+WITH_HISTORY = sa.select(
+    *_P.c, sa.case((_P.c.allowed.is_not(True), _earlier), else_=sa.null()).label("history")
+).select_from(_one.outerjoin(_P, sa.and_(_TEAM, _P.c.tool == sa.bindparam("tool"))))
 # The row's columns a StoredPolicy is read from.
 POLICY_FIELDS = (
     "tool",
@@ -112,6 +131,20 @@ class PolicyStore:
         async with autocommit(self._sessions) as db:
             row = (await db.execute(GET, {"team_id": team_id, "tool": tool})).first()
         return None if row is None else stored_policy(row._mapping)
+
+    async def with_history(
+        self, team_id: str, tool: str, requester: str, *, since: datetime, days: int
+    ) -> tuple[StoredPolicy | None, History | None]:
+        """`get`, and how `requester`'s requests of `tool` since `since` ended (None where
+        the stored row lets calls run freely: no card will show it), in one statement."""
+        params = {"team_id": team_id, "tool": tool, "requester": requester, "since": since}
+        async with autocommit(self._sessions) as db:
+            row = (await db.execute(WITH_HISTORY, params)).one()
+        policy = None if row.tool is None else stored_policy(row._mapping)
+        if row.history is None:
+            return policy, None
+        approved, denied, expired = row.history  # in HISTORY_ENDS' order
+        return policy, History(approved, denied, expired, days=days)
 
     async def all(self, team_id: str) -> list[StoredPolicy]:
         async with autocommit(self._sessions) as db:

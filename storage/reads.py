@@ -16,7 +16,14 @@ import sqlalchemy as sa
 
 from storage import audit
 from storage.db import SessionFactory, autocommit
-from storage.domain import Approval, ApprovalState, AuditEntry, History, StandingState
+from storage.domain import (
+    HISTORY_ENDS,
+    Approval,
+    ApprovalState,
+    AuditEntry,
+    History,
+    StandingState,
+)
 from storage.policy_spec import STANDING_MAX
 from storage.rows import LOCATED, OPEN, TEAM, get, located, with_votes
 from storage.transitions import NOW, A, T
@@ -57,7 +64,6 @@ PENDING_BY_TOOL = (
     .group_by(A.c.tool)
 )
 # A requester's earlier requests for some tools, by how they ended (History's outcomes).
-_ENDED = (ApprovalState.APPROVED, ApprovalState.DENIED, ApprovalState.EXPIRED)
 HISTORY = (
     sa.select(A.c.tool, A.c.status, sa.func.count())
     .where(
@@ -65,7 +71,7 @@ HISTORY = (
         A.c.requester == sa.bindparam("requester"),
         A.c.tool.in_(sa.bindparam("tools", expanding=True)),
         A.c.requested_at >= sa.bindparam("since"),
-        A.c.status.in_(_ENDED),
+        A.c.status.in_(HISTORY_ENDS),
     )
     .group_by(A.c.tool, A.c.status)
 )

@@ -15,10 +15,9 @@ from typing import Any, cast
 
 import sqlalchemy as sa
 from pydantic import TypeAdapter
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage import audit
-from storage.db import SessionFactory, autocommit
+from storage.db import Db, SessionFactory, autocommit
 from storage.domain import (
     Answered,
     Approval,
@@ -124,7 +123,7 @@ async def change(
 
 
 async def refusal(
-    db: AsyncSession,
+    db: Db,
     transition: Transition,
     explain: Mapping[Transition, Any],
     values: Mapping[str, Any],

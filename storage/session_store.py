@@ -13,9 +13,10 @@ runtime passes only the ambient action context, usually None), else the store's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any, NamedTuple, cast
 
@@ -33,12 +34,25 @@ from genkit.exp import SessionSnapshot, SessionStore
 from genkit.model import Message
 from pydantic import TypeAdapter
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
 
-from storage.db import SessionFactory, autocommit
+from storage.db import Db, SessionFactory, autocommit
 from storage.models import MessageRow, SnapshotRow
 
 current_team: ContextVar[str | None] = ContextVar("greenlight_current_team", default=None)
+# The session a running turn starts, by an id it made just now (`starting`).
+_starting: ContextVar[str | None] = ContextVar("greenlight_starting_session", default=None)
+
+
+@contextlib.contextmanager
+def starting(session_id: str | None) -> Iterator[None]:
+    """Run a turn that starts session `session_id`, an id made for it: Genkit looks a new
+    chat's session up before its first turn, and one made just now has no rows to find."""
+    token = _starting.set(session_id)
+    try:
+        yield
+    finally:
+        _starting.reset(token)
+
 
 SaveFn = Callable[[SessionSnapshot | None], SessionSnapshot | None]
 _Row = sa.Row[Any, Any, Any, Any, Any, Any]  # a GET_ROW result
@@ -252,11 +266,14 @@ class SqlSessionStore(SessionStore[Any]):
         session_id: str | None = None,
         context: dict[str, Any] | None = None,
     ) -> SessionSnapshot | None:
-        """By id (one query), or the session's newest leaf (Genkit's own pick; two)."""
+        """By id (one query), or the session's newest leaf (Genkit's own pick; two; none for
+        the session a turn starts, see `starting`)."""
         require_one_selector(snapshot_id=snapshot_id, session_id=session_id)
         if snapshot_id is not None:
             assert_safe_snapshot_id(snapshot_id=snapshot_id)  # as FileSessionStore does
         team = self.team(context)
+        if snapshot_id is None and session_id is not None and session_id == _starting.get():
+            return None  # a session made for this turn: no query finds what cannot be there
         async with autocommit(self._sessions) as s:  # single statements: no BEGIN, no COMMIT
             if snapshot_id is None:
                 params = {"team": team, "session": session_id}
@@ -283,7 +300,8 @@ class SqlSessionStore(SessionStore[Any]):
         team = self.team(context)
         for attempt in range(self._max_attempts):
             try:
-                return await self._save(team, snapshot_id, fn)
+                new = attempt == 0 and (team, snapshot_id) not in self._leaves
+                return await self._save(team, snapshot_id, fn, new=new)
             except (_Conflict, DBAPIError) as exc:
                 if not _retryable(exc):
                     raise
@@ -293,13 +311,24 @@ class SqlSessionStore(SessionStore[Any]):
             message=f"Snapshot {snapshot_id!r}: gave up after {self._max_attempts} conflicts.",
         )
 
-    async def _save(self, team: str, snapshot_id: str, fn: SaveFn) -> SessionSnapshot | None:
-        """Most saves create a row, and a missing row has nothing to lock: they read it and
-        write it (one statement) in autocommit, two round trips, no BEGIN or COMMIT. A racing
-        creator's row fails the insert, and the retry finds the row."""
+    async def _save(
+        self, team: str, snapshot_id: str, fn: SaveFn, *, new: bool
+    ) -> SessionSnapshot | None:
+        """A missing row has nothing to lock: it is written (one statement) in autocommit,
+        no BEGIN or COMMIT. `new`: the id is likely new (this store did not create it, and
+        Genkit reserves a new id per turn), so fn is asked first and what it makes is
+        written straight away, without a lookup; a row that exists after all fails the
+        insert (its primary key), and the retry looks it up. A lookup comes first
+        otherwise, or when fn makes nothing of a missing row (an update: heartbeat, abort)."""
         async with autocommit(self._sessions) as s:
-            if (await s.execute(GET_ROW, {"team": team, "sid": snapshot_id})).first() is None:
-                snap = apply_save(existing=None, snapshot_id=snapshot_id, fn=fn)
+            snap = apply_save(existing=None, snapshot_id=snapshot_id, fn=fn) if new else None
+            exists = False
+            if snap is None:
+                key = {"team": team, "sid": snapshot_id}
+                exists = (await s.execute(GET_ROW, key)).first() is not None
+                if not (exists or new):
+                    snap = apply_save(existing=None, snapshot_id=snapshot_id, fn=fn)
+            if not exists:
                 if snap is not None:
                     await self._create(s, team, snap)
                 return snap
@@ -315,19 +344,17 @@ class SqlSessionStore(SessionStore[Any]):
                 await self._write(s, team, snap, row)
             return snap
 
-    async def _load(self, s: AsyncSession, team: str, row: _Row) -> SessionSnapshot:
+    async def _load(self, s: Db, team: str, row: _Row) -> SessionSnapshot:
         rows: Sequence[Any] = ()
         if row.message_count is not None:
             rows = (await s.execute(MESSAGES, {"team": team, "sid": row.snapshot_id})).all()
         return _assemble(row.snapshot_id, row.meta, row.message_count, rows)
 
-    async def _messages(self, s: AsyncSession, team: str, row: _Row) -> list[dict[str, Any]]:
+    async def _messages(self, s: Db, team: str, row: _Row) -> list[dict[str, Any]]:
         rows = (await s.execute(MESSAGES, {"team": team, "sid": row.snapshot_id})).all()
         return _checked(row.snapshot_id, row.message_count, rows)
 
-    async def _plan(
-        self, s: AsyncSession, team: str, snap: SessionSnapshot, *, locked: bool
-    ) -> _Plan:
+    async def _plan(self, s: Db, team: str, snap: SessionSnapshot, *, locked: bool) -> _Plan:
         """The row, and the messages it stores: only those its parent lacks. `locked`: read
         the parent FOR SHARE; else (for CREATE, which checks its digest) a leaf will do."""
         msgs = snap.state.messages if snap.state is not None else None
@@ -366,7 +393,7 @@ class SqlSessionStore(SessionStore[Any]):
         up = (None, None) if parent is None else (parent[0], parent[2])
         return _Plan(values, (msgs or [])[inherited:], proof, (count, inherited, digests[n], *up))
 
-    async def _create(self, s: AsyncSession, team: str, snap: SessionSnapshot) -> None:
+    async def _create(self, s: Db, team: str, snap: SessionSnapshot) -> None:
         """A new row and its messages in one statement (PostgreSQL, autocommit)."""
         plan = await self._plan(s, team, snap, locked=False)
         params = {f"new_{c}": v for c, v in plan.values.items()}
@@ -377,9 +404,7 @@ class SqlSessionStore(SessionStore[Any]):
         if len(self._leaves) > _LEAVES:
             del self._leaves[next(iter(self._leaves))]  # the oldest
 
-    async def _write(
-        self, s: AsyncSession, team: str, snap: SessionSnapshot, old: _Row | None
-    ) -> None:
+    async def _write(self, s: Db, team: str, snap: SessionSnapshot, old: _Row | None) -> None:
         """Insert, or compare-and-swap, the row; store only the messages the parent lacks."""
         key = {"team": team, "sid": snap.snapshot_id}
         self._leaves.pop((team, snap.snapshot_id), None)  # a child would read it afresh
@@ -402,9 +427,7 @@ class SqlSessionStore(SessionStore[Any]):
         await self._insert(s, team, snap.snapshot_id, dumped, values["inherited"])
 
     @staticmethod
-    async def _insert(
-        s: AsyncSession, team: str, sid: str, data: list[dict[str, Any]], start: int
-    ) -> None:
+    async def _insert(s: Db, team: str, sid: str, data: list[dict[str, Any]], start: int) -> None:
         if data:
             rows = [
                 {"team_id": team, "snapshot_id": sid, "position": i, "data": d}
@@ -412,7 +435,7 @@ class SqlSessionStore(SessionStore[Any]):
             ]
             await s.execute(sa.insert(M), rows)
 
-    async def _checkpoint_children(self, s: AsyncSession, team: str, snapshot_id: str) -> None:
+    async def _checkpoint_children(self, s: Db, team: str, snapshot_id: str) -> None:
         """Before a row's messages change, give the children that inherit them a full copy."""
         kids = await s.execute(LOCK_KIDS, {"team": team, "sid": snapshot_id})
         for kid in kids.all():

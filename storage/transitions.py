@@ -17,12 +17,9 @@ import sqlalchemy as sa
 from storage.db import SessionFactory, autocommit
 from storage.domain import ApprovalState
 from storage.lifecycle import Requirement, Subject, Transition
-from storage.models import ApprovalRow, ConversationRow, SeenEventRow, TurnRow, VoteRow
+from storage.models import ApprovalRow, ConversationRow, TurnRow, VoteRow
 
-A, T, C, S, V = (
-    cast(sa.Table, m.__table__)
-    for m in (ApprovalRow, TurnRow, ConversationRow, SeenEventRow, VoteRow)
-)
+A, T, C, V = (cast(sa.Table, m.__table__) for m in (ApprovalRow, TurnRow, ConversationRow, VoteRow))
 SIBLING = A.alias("sibling")
 CALLS = T.alias("conversation_turn")  # the turns of a conversation
 NOW = sa.bindparam("now", type_=A.c.expires_at.type)

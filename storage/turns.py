@@ -43,7 +43,7 @@ from storage.rows import (
     thread_params,
     with_votes,
 )
-from storage.transitions import NOW, A, Atomic, C, NewRow, S, T, guard, write
+from storage.transitions import NOW, A, Atomic, C, NewRow, T, guard, write
 
 OF_TURN = LOCATED.where(A.c.turn_id == sa.bindparam("turn"))
 _THREAD = sa.and_(
@@ -163,15 +163,6 @@ SET_PARTICIPANTS = (
     .values(participants=sa.bindparam("people", type_=C.c.participants.type))
 )
 
-_event = {
-    "event_id": sa.bindparam("event", type_=S.c.event_id.type),
-    "received_at": NOW,
-}
-FIRST_DELIVERY = sa.insert(S).from_select(
-    list(_event),
-    sa.select(*_event.values()).where(~sa.exists().where(S.c.event_id == _event["event_id"])),
-)
-
 
 @dataclass(frozen=True)
 class HeldThread:
@@ -190,15 +181,6 @@ class TurnStore:
         self._sessions = sessions
 
     # -- threads -------------------------------------------------------------------------
-
-    async def accept_event(self, event_id: str, *, now: datetime) -> bool:
-        """Record a Slack event id; False when it was already recorded (a retry)."""
-        try:
-            async with autocommit(self._sessions) as db:
-                done = await db.execute(FIRST_DELIVERY, {"event": event_id, "now": now})
-        except IntegrityError:  # a twin delivery inserted it just now
-            return False
-        return count(done) == 1
 
     async def hold_thread(
         self, thread: Thread, *, author: str, new_id: str, now: datetime, until: datetime

@@ -95,9 +95,8 @@ async def admitted(
     try:
         if in_channel and not await deps.workflow.turns.knows(thread):
             return False
-        if not await deps.workflow.turns.accept_event(event_id):
-            return False  # Slack's retry of an event already handled
-        admission = await deps.limits.admit(thread.team_id, user)
+        # Slack's retry of an event already handled is not admitted (nor counted), silently.
+        admission = await deps.limits.admit(thread.team_id, user, event_id=event_id)
     except Exception:
         # The database is down: a retry cannot be told apart nor the message counted, so
         # nothing runs, and whoever was talking to the bot (a DM or a mention: a channel

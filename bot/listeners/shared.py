@@ -11,6 +11,8 @@ characters and no NUL.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 from collections.abc import Awaitable, Callable
@@ -22,7 +24,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from agent.outcomes import Decided
 from agent.policy import ApproverFacts, Policy
 from bot.deps import Deps
-from storage.domain import Approval
+from storage.domain import Approval, Approved, NotStarted
 
 SLACK_ID = re.compile(r"[A-Z0-9]{1,32}")  # team, enterprise, user and channel ids
 MESSAGE_TS = re.compile(r"[0-9]{1,16}\.[0-9]{1,15}")
@@ -114,16 +116,66 @@ def facts_for(
 
 async def settled(deps: Deps, client: AsyncWebClient, decided: Decided) -> None:
     """After a decision or an answer: resume the turn if that was the last thing it waited
-    for (first: the requester waits on it), then redraw the card."""
+    for (first: the requester waits on it), then redraw the card.
+
+    An Approve that resumes the turn here redraws its card once its call has run, saying
+    so (a moment later, usually), or after REDRAW_WITHIN if the call takes longer: one
+    redraw, not "Approved" and then "Ran." (the resume's own, as drawn already, is skipped).
+    """
+    approval, ran = decided.approval, None
     if decided.turn_ready:
         turn_id = decided.turn_id
+        if runs_here(approval):
+            ran = Ran(approval)
+            deps.background.spawn(redraw_when_run(deps, client, ran), name="redraw")
 
         async def resume() -> None:
             streams = deps.delivery.streams(client)
-            resumed = await deps.workflow.turns.resume(turn_id, on_text=streams)
+            on_ran = ran.done if ran is not None else None
+            resumed = await deps.workflow.turns.resume(turn_id, on_text=streams, on_ran=on_ran)
             if resumed is not None:
                 await deps.delivery.resumed(client, resumed, streams)
             await streams.close_rest()
 
         deps.background.spawn(resume(), name=f"resume {turn_id}")
-    await deps.delivery.refresh_card(client, decided.approval)
+    if ran is None:
+        # As the decision's write returned it (no read): what changes it next, the call
+        # running, is the resume's, which redraws the card itself when it ends.
+        await deps.delivery.refresh_card(client, approval, current=True)
+
+
+REDRAW_WITHIN = 2.0  # seconds an approved call's card waits for the call to have run
+
+
+def runs_here(approval: Approval) -> bool:
+    """Whether the approval's call runs in the resume this decision starts (an edited one
+    is run by the resume itself, untold: its card is redrawn as decided, as before)."""
+    return (
+        isinstance(approval.decision, Approved)
+        and isinstance(approval.execution, NotStarted)
+        and approval.edit is None
+    )
+
+
+class Ran:
+    """An approval whose call the resume will run, and whether it has (with its record)."""
+
+    def __init__(self, approval: Approval) -> None:
+        self.approval = approval
+        self.event = asyncio.Event()
+
+    def done(self, finished: Approval) -> None:
+        """The resume's `on_ran`: a call of the turn ran, its output recorded."""
+        if finished.id == self.approval.id:
+            self.approval = finished
+            self.event.set()
+
+
+async def redraw_when_run(deps: Deps, client: AsyncWebClient, ran: Ran) -> None:
+    """Redraw the card once its call ran, or after REDRAW_WITHIN (read again then), waiting
+    without a work slot."""
+    async with deps.background.outside():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(REDRAW_WITHIN):
+                await ran.event.wait()
+    await deps.delivery.refresh_card(client, ran.approval, current=ran.event.is_set())

@@ -1,15 +1,27 @@
-"""Loading AGENT_TOOLS: tools and the previews a module offers for them."""
+"""Building the runtime: AGENT_TOOLS' tools and the previews a module offers for them, and what
+Genkit would otherwise build again at every model call."""
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from dotpromptz.typing import DataArgument
+from genkit._ai._generate import register_middleware  # private: what a model call runs
 from genkit.exp import Genkit, InMemorySessionStore
 from genkit.middleware import BaseMiddleware
 
-from agent.runtime import AgentConfig, ToolModuleError, build_runtime, load_tools
+from agent.models import Resilience
+from agent.runtime import (
+    RENDER_DATA,
+    AgentConfig,
+    ToolModuleError,
+    build_runtime,
+    load_tools,
+)
 from tests.fakes.scripted_model import ScriptedModel
 
 TOOL = """
@@ -97,3 +109,33 @@ def test_ask_human_is_built_in_unless_turned_off(ask_human: bool) -> None:
     )
     assert ("askHuman" in runtime.tools) is ask_human
     assert questions == runtime.questions == ({"askHuman"} if ask_human else set())
+
+
+def test_the_agents_middleware_is_registered_once_not_per_model_call() -> None:
+    """Genkit registers a middleware class it does not know in each model call's registry,
+    deriving its config's JSON schema every time; the agent's are registered at start."""
+    runtime = build_runtime(
+        AgentConfig(model="scripted", tool_modules=()),
+        store=InMemorySessionStore(),
+        middleware=BaseMiddleware,
+        previews={},
+        questions=set(),
+        setup=ScriptedModel().register,
+    )
+    call = runtime.ai.registry.new_child()  # as each model call's is
+    refs = register_middleware(call, [BaseMiddleware(), *Resilience().middleware()])
+    assert refs is not None and [r.name for r in refs] == [
+        "greenlight.BaseMiddleware",
+        "greenlight.Retry",
+    ]
+    assert (
+        call.list_values("middleware").keys()
+        == runtime.ai.registry.list_values("middleware").keys()
+    )  # nothing new in the call's own
+
+
+def test_the_class_genkit_renders_the_system_prompt_with_is_built_once() -> None:
+    """Genkit asks for `DataArgument[dict[str, Any]]` at every model call; it is the one kept
+    alive here, however many garbage collections ran since."""
+    gc.collect()
+    assert DataArgument[dict[str, Any]] is RENDER_DATA

@@ -288,10 +288,16 @@ class SlackClient:
         self, team: str, user: str, action: str, card: Call, *, channel: str = APPROVERS
     ) -> tuple[int, str]:
         """Press a button of the card whose chat.postMessage is `card`."""
+        return await self.send(await self.click_payload(team, user, action, card, channel=channel))
+
+    async def click_payload(
+        self, team: str, user: str, action: str, card: Call, *, channel: str = APPROVERS
+    ) -> sp.Payload:
+        """What Slack sends when `user` presses a button of the card `card` posted."""
         value = button_value(card, action)
         assert self.service.deps is not None
         approval = await self.service.deps.workflow.reads.approval(team, value.split("~")[0])
-        payload = sp.block_actions(
+        return sp.block_actions(
             team,
             user,
             channel,
@@ -304,7 +310,6 @@ class SlackClient:
             message_text=str(card.args.get("text", "")),
             message_blocks=card.args.get("blocks"),
         )
-        return await self.send(payload)
 
     async def submit(
         self, team: str, user: str, view: dict[str, Any], values: dict[str, Any]

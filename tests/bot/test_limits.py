@@ -99,6 +99,10 @@ async def test_the_limits_hold_across_replicas(
             await (one, two)[i % 2].dm(team, "UFIRST", f"first {i}")
         for i in range(4):  # another: 2 run, then the workspace's 5 are used up
             await (two, one)[i % 2].dm(team, "USECOND", f"second {i}")
+            # Each counted before the next: which limit a refusal names depends on the order
+            # (acknowledged at once, two messages sent back to back may be counted as a pair).
+            await settle(one.service)
+            await settle(two.service)
         await settle(one.service)
         await settle(two.service)
     assert len(gemini.generate_requests()) == 5 and gemini.pending == 0

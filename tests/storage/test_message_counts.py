@@ -56,3 +56,25 @@ async def test_concurrent_messages_are_counted_exactly_and_old_minutes_are_forgo
         assert left == {MINUTE + timedelta(minutes=1)}
         total = select(func.sum(MessageCountRow.count)).where(MessageCountRow.team_id == team)
         assert await db.scalar(total) == 2  # the person's and the workspace's, one each
+
+
+async def test_an_event_is_counted_on_its_first_delivery_only(
+    pg_engine: AsyncEngine, team: str
+) -> None:
+    """Slack's retries of one event, racing: exactly one is its first delivery, and only
+    that one counts; a retry after the person went over is a retry still."""
+    counts = MessageCounts(make_session_factory(pg_engine))
+    event = f"Ev{team}"
+    got = await asyncio.gather(
+        *(counts.count_event(team, "UA", event, now=MINUTE, per_user=1) for _ in range(5))
+    )
+    assert sorted(got, key=str) == [(False, None)] * 4 + [(True, 1)]
+    assert await counts.count_event(team, "UA", f"{event}2", now=MINUTE, per_user=1) == (
+        True,
+        None,  # over their limit: recorded, counted for the person, not for the workspace
+    )
+    assert await counts.count_event(team, "UA", f"{event}2", now=MINUTE, per_user=1) == (
+        False,
+        None,
+    )
+    assert await counts.count(team, "UB", minute=MINUTE, per_user=1) == 2

@@ -40,7 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from storage import session_store
 from storage.db import make_engine, make_session_factory
 from storage.models import MessageRow, SnapshotRow
-from storage.session_store import SqlSessionStore, current_team
+from storage.session_store import SqlSessionStore, current_team, starting
 from tests.conftest import pg_test_url
 
 KINDS = ["memory", "file", "postgresql"]
@@ -604,8 +604,8 @@ async def test_parent_rewritten_elsewhere_is_not_inherited(sql: Backend) -> None
 
 
 async def test_new_snapshot_statements(team: str) -> None:
-    """PostgreSQL: a new snapshot is the row lookup and one write, plus a read of its parent
-    unless this store created that parent."""
+    """PostgreSQL: a new snapshot is one write, plus a read of its parent unless this store
+    created that parent: no lookup of its own row, whose id Genkit made new."""
     engine = make_engine(pg_test_url())
     ran: list[str] = []
     event.listen(engine.sync_engine, "before_cursor_execute", lambda *a: ran.append(a[2]))
@@ -615,16 +615,37 @@ async def test_new_snapshot_statements(team: str) -> None:
         await ours.save_snapshot("n1", snap("n1", texts=("a",)), context=ctx)
         ran.clear()
         await ours.save_snapshot("n2", snap("n2", parent="n1", texts=("a", "b")), context=ctx)
-        assert len(ran) == 2
+        assert len(ran) == 1
         ran.clear()
         await theirs.save_snapshot(
             "n3", snap("n3", parent="n2", texts=("a", "b", "c")), context=ctx
         )
-        assert len(ran) == 3
+        assert len(ran) == 2
         got = await ours.get_snapshot(snapshot_id="n3", context=ctx)
     finally:
         await engine.dispose()
     assert [t for _, t in texts(got)] == ["a", "b", "c"]
+
+
+async def test_the_session_a_turn_starts_is_not_looked_up(team: str) -> None:
+    """Genkit looks a new chat's session up; one the turn made just now is answered without
+    a query. Any other session, or the same one outside the turn, is looked up."""
+    engine = make_engine(pg_test_url())
+    ran: list[str] = []
+    event.listen(engine.sync_engine, "before_cursor_execute", lambda *a: ran.append(a[2]))
+    store, ctx = SqlSessionStore(make_session_factory(engine)), {"team_id": team}
+    try:
+        await store.save_snapshot("s1", snap("s1", session="old", texts=("a",)), context=ctx)
+        ran.clear()
+        with starting("fresh"):
+            assert await store.get_snapshot(session_id="fresh", context=ctx) is None
+            assert ran == []
+            found = await store.get_snapshot(session_id="old", context=ctx)
+        assert [t for _, t in texts(found)] == ["a"] and len(ran) == 2
+        assert await store.get_snapshot(session_id="fresh", context=ctx) is None
+        assert len(ran) == 3
+    finally:
+        await engine.dispose()
 
 
 async def test_concurrent_sessions_all_land(sql: Backend) -> None:

@@ -1,0 +1,191 @@
+"""What one conversation costs the service: SQL statements and Slack Web API calls (issue 23).
+
+A conversation is the benchmark's (bench/bot.py): a DM, the model calling `transferMoney`,
+the card, an Approve by someone else, the tool run and the model's reply in the thread. The
+counts are pinned exactly, so a change that adds a statement or a Slack call says so here;
+lower them when a cut lands. Each counts the second conversation of a service, as the
+benchmark counts a warm one (the workspace's address and the approver channel's privacy are
+asked once per process, not per conversation), with another requester and approver each
+time, as there: so two `users.info` (whether the requester is a guest, for the card; whether
+the approver is, before they may decide), each asked once a minute per person. Statements
+are those of the conversation's work only: the
+service's periodic loops (recovery sweep, follow-ups, the gateway's) and this test's own
+reads (the click helper's) are left out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from slack_bolt.request.async_request import AsyncBoltRequest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from bot.listeners import shared
+from bot.server import Service
+from tests import ledger_tools
+from tests.bot.conftest import APPROVERS, SECRET, SlackClient, new_ts, settle
+from tests.fakes import slack_payloads as sp
+from tests.fakes.gemini import FakeGemini, function_call, text
+from tests.fakes.slack_api import Call, FakeSlack
+
+# Tasks of the service that run on a timer, not for a conversation.
+LOOPS = {"recovery sweep", "follow-ups", "gateway sweep", "gateway decisions", "gateway waiters"}
+SQL_PER_CONVERSATION = 14
+SLACK_PER_CONVERSATION = Counter({"chat.postMessage": 3, "chat.update": 2, "users.info": 2})
+
+
+class Statements:
+    """Statements the service runs, but those of its loops and of the test's own task."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self._test: asyncio.Task[Any] | None = None
+
+    def start(self) -> None:
+        """Count from now on, but the calling task's own statements."""
+        self._test = asyncio.current_task()
+
+    def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        task = asyncio.current_task()
+        if self._test is None or task is self._test or (task and task.get_name() in LOOPS):
+            return
+        self.seen.append(" ".join(statement.split())[:100])
+
+
+@pytest.fixture
+def statements() -> Iterator[Statements]:
+    ran = Statements()
+    event.listen(Engine, "before_cursor_execute", ran)
+    yield ran
+    event.remove(Engine, "before_cursor_execute", ran)
+
+
+async def conversation(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    requester: str,
+    approver: str,
+) -> None:
+    """The benchmark's conversation, start to end, every piece of work it started finished.
+    As in the benchmark, each conversation's requester and approver are other people."""
+    ts = new_ts()
+    notes = len(fake_slack.calls_to("chat.update"))
+    gemini.script(function_call("transferMoney", {"amount": 500, "toAccount": "12345"}))
+    assert (await client.dm(team, requester, "send 500 to 12345", ts=ts))[0] == 200
+    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=is_card(ts))
+    await fake_slack.wait_for("chat.update", notes + 1)  # the requester's note
+    gemini.script(text("Sent 500 to 12345."))
+    assert (await client.click(team, approver, "approve", card))[0] == 200
+    await fake_slack.wait_for_message(
+        lambda m: m.get("thread_ts") == ts and m.get("text") == "Sent 500 to 12345."
+    )
+    await settle(service)
+
+
+def is_card(thread_ts: str) -> Callable[[Call], bool]:
+    """The approval card of the request made in the DM thread `thread_ts` (it links to it)."""
+    link = f"/p{thread_ts.replace('.', '')}"
+    return lambda c: c.args.get("channel") == APPROVERS and link in json.dumps(c.args)
+
+
+async def test_one_conversation_runs_its_pinned_number_of_statements(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    statements: Statements,
+) -> None:
+    await conversation(
+        client, fake_slack, gemini, team, service, "UEMP", "UBOSS"
+    )  # the process warm
+    statements.start()
+    await conversation(client, fake_slack, gemini, team, service, "UEMP2", "UCFO")
+    assert len(statements.seen) == SQL_PER_CONVERSATION, "\n".join(statements.seen)
+
+
+async def test_one_conversation_makes_its_pinned_slack_calls(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    await conversation(
+        client, fake_slack, gemini, team, service, "UEMP", "UBOSS"
+    )  # the process warm
+    before = len(fake_slack.calls)
+    await conversation(client, fake_slack, gemini, team, service, "UEMP2", "UCFO")
+    made = Counter(c.method for c in fake_slack.calls[before:])
+    assert made == SLACK_PER_CONVERSATION, "\n".join(
+        f"{c.method} {c.args.get('channel')} {str(c.args.get('text'))[:60]!r}"
+        for c in fake_slack.calls[before:]
+    )
+
+
+async def test_a_click_is_answered_before_its_work_begins(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    statements: Statements,
+) -> None:
+    """Bolt answers an Approve as soon as it is acknowledged: nothing the click does (the
+    decision, the Slack calls it makes) has begun when the answer goes (issue 23). Sent
+    straight to the Bolt app, so that its answer is the moment it returns."""
+    ts = new_ts()
+    gemini.script(function_call("transferMoney", {"amount": 500, "toAccount": "12345"}))
+    assert (await client.dm(team, "UEMP", "send 500 to 12345", ts=ts))[0] == 200
+    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=is_card(ts))
+    await settle(service)
+    gemini.script(text("Sent 500 to 12345."))
+    payload = await client.click_payload(team, "UBOSS", "approve", card)
+    slack_calls = len(fake_slack.calls)
+    headers = sp.signed_headers(SECRET, payload.body, content_type=payload.content_type)
+    assert service.app is not None
+    statements.start()
+    answer = await service.app.async_dispatch(
+        AsyncBoltRequest(body=payload.body.decode(), headers=dict(headers))
+    )
+    assert answer.status == 200
+    assert statements.seen == [] and len(fake_slack.calls) == slack_calls
+    await fake_slack.wait_for_message(
+        lambda m: m.get("thread_ts") == ts and m.get("text") == "Sent 500 to 12345."
+    )
+    await settle(service)
+
+
+async def test_a_slow_calls_card_says_approved_before_it_ran(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An approved call's card waits for the call to have run before it is redrawn (one
+    redraw, not two), but not long: a slow call's card says who approved it after
+    REDRAW_WITHIN, and once the call ran, that it ran."""
+    monkeypatch.setattr(shared, "REDRAW_WITHIN", 0.2)
+    ts = new_ts()
+    gemini.script(function_call("transferMoney", {"amount": 5, "toAccount": "slow-1.5"}))
+    assert (await client.dm(team, "UEMP", "send 5 to slow-1.5", ts=ts))[0] == 200
+    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=is_card(ts))
+    gemini.script(text("Sent."))
+    assert (await client.click(team, "UBOSS", "approve", card))[0] == 200
+
+    def redrawn(c: Call) -> bool:
+        return c.args.get("channel") == APPROVERS and "Approved by <@UBOSS>" in json.dumps(c.args)
+
+    (approved,) = await fake_slack.wait_for("chat.update", predicate=redrawn)
+    assert "Ran." not in json.dumps(approved.args)
+    assert [e for e in ledger_tools.entries() if e["tool"] == "transferMoney:finished"] == []
+    _, ran = await fake_slack.wait_for("chat.update", 2, predicate=redrawn)
+    assert "Ran." in json.dumps(ran.args)
+    await settle(service)
