@@ -15,10 +15,11 @@ import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from aiohttp import web
+
+from tests.fakes.local import LocalServer
 
 JSON = dict[str, Any]
 MODEL = "claude-fake-1"
@@ -95,35 +96,13 @@ def _events(reply: Reply, message_id: str) -> list[tuple[str, JSON]]:
     return events
 
 
-class FakeAnthropic:
+class FakeAnthropic(LocalServer):
     """An aiohttp server on 127.0.0.1 (ephemeral port): `answer` plays the model."""
 
     def __init__(self, answer: Callable[[JSON], Reply]) -> None:
         self.answer = answer
         self.requests: list[RecordedRequest] = []
-        self.base_url = ""
         self._ids = itertools.count(1)
-        self._runner: web.AppRunner | None = None
-
-    async def __aenter__(self) -> Self:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        host, port = self._runner.addresses[0][:2]
-        self.base_url = f"http://{host}:{port}"
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
 
     def messages(self) -> list[JSON]:
         """The bodies of every Messages call, in order."""

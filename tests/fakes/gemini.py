@@ -17,9 +17,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from aiohttp import web
+
+from tests.fakes.local import LocalServer
 
 JSON = dict[str, Any]
 
@@ -163,13 +165,12 @@ def _merged(chunks: Sequence[JSON]) -> JSON:
     return _chunk(parts, last=True)
 
 
-class FakeGemini:
+class FakeGemini(LocalServer):
     """An aiohttp server on 127.0.0.1 (ephemeral port) speaking the v1beta REST surface."""
 
     def __init__(self, *, models: Sequence[str] = DEFAULT_MODELS, page_size: int = 2) -> None:
         self.requests: list[RecordedRequest] = []
         self.ran_out: list[str] = []  # unscripted calls; clear it in a test that wants them
-        self.base_url = ""
         self._models = [_model(m) for m in models]
         self._page_size = page_size
         self._script: deque[Script] = deque()
@@ -177,22 +178,11 @@ class FakeGemini:
         self._failures: dict[str | None, list[int]] = {}  # model (None: any): [status, times]
         self._listing_failures = 0
         self._listing_status = 503
-        self._runner: web.AppRunner | None = None
         self.answering = 0  # generate calls being answered now
         self.most_answering = 0  # the most answered at once
         # Cleared by a test: every generate call waits until it is set again.
         self.open = asyncio.Event()
         self.open.set()
-
-    async def __aenter__(self) -> Self:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        host, port = self._runner.addresses[0][:2]
-        self.base_url = f"http://{host}:{port}"
-        return self
 
     async def __aexit__(
         self,
@@ -200,9 +190,7 @@ class FakeGemini:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await super().__aexit__(exc_type, exc, tb)
         if self.ran_out and exc_type is None:
             # Genkit shows a 500 only as "internal error"; name the real cause here.
             raise AssertionError(f"FakeGemini script ran out for: {self.ran_out}")
