@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import shutil
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import asyncpg  # type: ignore[import-untyped]
@@ -155,10 +156,20 @@ def team() -> Iterator[str]:
     yield "T" + uuid.uuid4().hex[:10].upper()
 
 
-async def poll(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:  # noqa: ASYNC109
-    """Until `check()` holds; fails the test after `timeout` seconds."""
+async def poll(
+    check: Callable[[], bool | Awaitable[bool]],
+    what: str,
+    timeout: float = 30.0,  # noqa: ASYNC109
+) -> None:
+    """Until `check()` holds (a coroutine's result, awaited, when it is one: a database read);
+    fails the test after `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    while not check():
+
+    async def holds() -> bool:
+        held = check()
+        return await held if inspect.isawaitable(held) else held
+
+    while not await holds():
         if time.monotonic() > deadline:
             pytest.fail(f"{what}: not within {timeout}s")
         await asyncio.sleep(0.05)

@@ -27,6 +27,7 @@ from storage.models import ApprovalRow
 from tests import ledger_tools
 from tests.bot.conftest import APPROVERS, SECRET, approval_id_of, button_value, in_channel
 from tests.bot.test_faults import FAST_RECOVERY, BotProcess, bot_process
+from tests.conftest import poll
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini
 from tests.fakes.slack_api import Call, FakeSlack
@@ -66,15 +67,15 @@ async def approve(http: aiohttp.ClientSession, bot: BotProcess, team: str, card:
 
 async def card_recorded(database: str, approval_id: str) -> None:
     engine = make_engine(database)
+    sessions = make_session_factory(engine)
+
+    async def recorded() -> bool:
+        async with sessions() as db:
+            row = await db.get(ApprovalRow, approval_id)
+            return row is not None and bool(row.card_ts)
+
     try:
-        deadline = asyncio.get_running_loop().time() + 30
-        while True:
-            async with make_session_factory(engine)() as db:
-                row = await db.get(ApprovalRow, approval_id)
-                if row is not None and row.card_ts:
-                    return
-            assert asyncio.get_running_loop().time() < deadline, "the card's ts, within 30 s"
-            await asyncio.sleep(0.05)
+        await poll(recorded, "the card's ts recorded")
     finally:
         await engine.dispose()
 

@@ -16,12 +16,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from sqlalchemy import select
 
 from bot import audit_export
 from bot.server import Service
 from storage.db import SessionFactory
-from storage.models import ApprovalRow
 from tests import ledger_tools
 from tests.bot.conftest import (
     APPROVERS,
@@ -33,7 +31,7 @@ from tests.bot.conftest import (
     policy_file,
     settle,
 )
-from tests.bot.test_approver_tools import press
+from tests.bot.test_approver_tools import press, rows
 from tests.bot.test_e2e import decided_card
 from tests.bot.test_gateway_mcp import card_for, mcp_client, new_key
 from tests.bot.test_home import open_home
@@ -80,16 +78,6 @@ async def asked(
 
 def everything_sent(fake_slack: FakeSlack) -> str:
     return json.dumps([c.args for c in fake_slack.calls], ensure_ascii=False)
-
-
-async def rows(sessions: SessionFactory, team: str) -> list[ApprovalRow]:
-    async with sessions() as db:
-        found = await db.scalars(
-            select(ApprovalRow)
-            .where(ApprovalRow.team_id == team)
-            .order_by(ApprovalRow.requested_at)
-        )
-        return list(found)
 
 
 async def exported(bot_database: str, team: str) -> str:
