@@ -218,7 +218,14 @@ async def test_a_second_post_of_a_card_already_recorded_is_deleted(
     await poll(lambda: len(leads_cards(fake_slack)) == 1, "the escalated card")
     await settle(service)
     assert service.deps is not None and service.app is not None
-    now = await service.deps.workflow.reads.approval(team, asked.approval_id)
+    reads = service.deps.workflow.reads
+
+    async def recorded() -> bool:  # the post is in Slack before its ts is in the database
+        now = await reads.approval(team, asked.approval_id)
+        return now is not None and now.escalation is not None and now.escalation.ts is not None
+
+    await poll(recorded, "the escalated card recorded")
+    now = await reads.approval(team, asked.approval_id)
     assert now is not None and now.escalation is not None and now.escalation.ts is not None
     delivery = service.deps.delivery
     kept = await delivery._post(service.app.client, now, LEADS, None, escalated=True)
