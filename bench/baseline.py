@@ -180,6 +180,12 @@ async def serve() -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if samples := os.environ.get("BENCH_PYINSTRUMENT"):  # the same profile as Greenlight's
+        from pathlib import Path
+
+        from bench.profile import Sampler
+
+        loop.add_signal_handler(signal.SIGWINCH, Sampler(Path(samples)).toggle)
     try:
         await stop.wait()
     finally:

@@ -397,7 +397,7 @@ async def run(
         if target in ("both", "baseline"):
             result["baseline"] = await bench_target(
                 "baseline", "bench.baseline", plan, database_url=None, pool=pool,
-                profile=None, log=log,
+                profile="pyinstrument" if profile == "pyinstrument" else None, log=log,
             )  # fmt: skip
         if target == "both" and profile is None:
             async with temporary_database(database_url) as url:
@@ -418,10 +418,12 @@ async def run(
     result["elapsed_s"] = round(time.perf_counter() - started, 1)
     print(table(result))
     ours = result.get("greenlight") or {}
-    if "pieces" in ours:
-        from bench.profile import render_pieces
+    for name in ("greenlight", "baseline"):
+        if "pieces" in (result.get(name) or {}):
+            from bench.profile import render_pieces
 
-        print("\n" + render_pieces(ours["pieces"]))
+            print(f"\n{name}: " + render_pieces(result[name]["pieces"]))
+    if "walls_at_1" in ours:
         for what, rows in ours["walls_at_1"].items():
             print(f"\n{what} at concurrency 1, per conversation (count, wall ms):")
             for name, got in rows.items():

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import json
 import pstats
 import sys
 from collections import Counter, defaultdict
@@ -70,6 +71,28 @@ STORES = (
 )
 SLACK = "slack_sdk/web/async_client.py"
 IDLE = (("select", "selectors.py"), ("_run_once", "asyncio/base_events.py"))
+
+
+class Sampler:
+    """pyinstrument in a service under the benchmark: each call of `toggle` (on SIGWINCH)
+    starts sampling every millisecond, or stops and writes the samples to `path` (written
+    whole, then renamed, so the benchmark never reads half a file)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._profiler: Any = None
+
+    def toggle(self) -> None:
+        from pyinstrument import Profiler
+
+        if self._profiler is None:
+            self._profiler = Profiler(interval=0.001, async_mode="disabled")
+            self._profiler.start()
+            return
+        session, self._profiler = self._profiler.stop(), None
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(session.frame_records))
+        tmp.replace(self.path)
 
 
 def _frame(info: str) -> tuple[str, str]:

@@ -45,6 +45,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import Pool
 
+from bench.profile import Sampler
 from bot.__main__ import settings_or_exit
 from bot.server import serve as bot_serve
 from bot.settings import Settings
@@ -92,7 +93,6 @@ class SqlStats:
         self.kind_seconds: defaultdict[str, float] = defaultdict(float)
         self.slack: Counter[str] = Counter()
         self.slack_seconds: defaultdict[str, float] = defaultdict(float)
-        self.profiler: Any = None
         self.gc_count = [0, 0, 0]
         self.gc_seconds = [0.0, 0.0, 0.0]
         self.gc_longest = [0.0, 0.0, 0.0]
@@ -120,18 +120,6 @@ class SqlStats:
                 self.slack_seconds[api_method] += time.perf_counter() - started
 
         AsyncBaseClient.api_call = timed  # type: ignore[method-assign,assignment]
-
-    def toggle_profile(self, path: Path) -> None:
-        from pyinstrument import Profiler
-
-        if self.profiler is None:
-            self.profiler = Profiler(interval=0.001, async_mode="disabled")
-            self.profiler.start()
-            return
-        session, self.profiler = self.profiler.stop(), None
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(session.frame_records))
-        tmp.replace(path)
 
     def _gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -240,7 +228,7 @@ async def serve(settings: Settings, stats: SqlStats) -> None:
         loop.add_signal_handler(signal.SIGUSR1, stats.dump, Path(stats_file))
         loop.add_signal_handler(signal.SIGUSR2, stats.toggle_trace, Path(stats_file))
     if samples := os.environ.get("BENCH_PYINSTRUMENT"):
-        loop.add_signal_handler(signal.SIGWINCH, stats.toggle_profile, Path(samples))
+        loop.add_signal_handler(signal.SIGWINCH, Sampler(Path(samples)).toggle)
     profile_path = os.environ.get("BENCH_CPROFILE")
     profiler = cProfile.Profile(time.process_time) if profile_path else None
     if profiler is not None:
