@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from genkit.exp import Genkit
 
 from agent.approval import Calls, approval_middleware
+from agent.clock import new_uuid, utc_now
 from agent.decisions import Decisions
 from agent.files import FileTools
 from agent.follow_ups import FollowUps
@@ -32,14 +32,6 @@ from storage.db import SessionFactory
 from storage.policies import PolicyStore
 from storage.retention import Retention
 from storage.session_store import SqlSessionStore
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
-def new_uuid() -> str:
-    return str(uuid.uuid4())
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import Implementation
 
-from agent.assemble import new_uuid, utc_now
+from agent.clock import new_uuid, utc_now
 from agent.keys import ApiKeys
 from bench.bot import _env, _scratch
 from bench.database import temporary_database

@@ -44,7 +44,8 @@ from genkit.exp import (
 from genkit.model import ModelRequest, ModelResponse
 from genkit_middleware import ToolApproval
 
-from agent.assemble import build_workflow, utc_now
+from agent.assemble import build_workflow
+from agent.clock import utc_now
 from agent.limits import MessageLimits
 from agent.outcomes import AwaitingApproval
 from agent.policy import ApproverFacts, PolicyDefaults

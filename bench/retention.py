@@ -28,7 +28,8 @@ from typing import Any
 
 from sqlalchemy import text
 
-from agent.assemble import build_workflow, utc_now
+from agent.assemble import build_workflow
+from agent.clock import utc_now
 from agent.outcomes import AwaitingApproval, Resumed
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig

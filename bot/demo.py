@@ -12,7 +12,8 @@ from genkit import Part, Role
 from genkit.exp import Genkit
 from genkit.model import Message, ModelRequest, ModelResponse
 
-from agent.assemble import build_workflow, utc_now
+from agent.assemble import build_workflow
+from agent.clock import utc_now
 from agent.outcomes import AnsweredInThread, AwaitingApproval, Reply, TurnOutcome
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig

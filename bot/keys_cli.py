@@ -17,7 +17,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy.exc import SQLAlchemyError
 
-from agent.assemble import new_uuid, utc_now
+from agent.clock import new_uuid, utc_now
 from agent.keys import ApiKeys, BadName, NameTaken
 from bot.settings import ConfigError, Settings, load_settings
 from storage import embedded

@@ -25,7 +25,8 @@ with heap.building():
     from slack_sdk.web.async_client import AsyncWebClient
 
     from agent import policy_file as policy_files
-    from agent.assemble import build_workflow, new_uuid, utc_now
+    from agent.assemble import build_workflow
+    from agent.clock import new_uuid, utc_now
     from agent.files import FileTools
     from agent.gate import ToolTimeouts
     from agent.keys import ApiKeys

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.assemble import build_workflow, new_uuid
+from agent.assemble import build_workflow
+from agent.clock import new_uuid
 from agent.models import Credentials, Resilience
 from agent.observer import DecisionOutcome, ExecutionOutcome, Observer, TurnOutcomeName
 from agent.policy import ApproverFacts, PolicyDefaults

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 from genkit.model import ModelRequest, ModelResponse
 
-from agent.assemble import build_workflow, new_uuid, utc_now
+from agent.assemble import build_workflow
+from agent.clock import new_uuid, utc_now
 from agent.gate import UNKNOWN_OUTCOME
 from agent.observer import Observer
 from agent.outcomes import AwaitingApproval, Busy, Reply, Resumed, SweepReport

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.assemble import build_workflow, new_uuid
+from agent.assemble import build_workflow
+from agent.clock import new_uuid
 from agent.outcomes import AwaitingApproval, Busy, Reply
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig

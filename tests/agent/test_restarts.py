@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from genkit.exp import AgentFinishReason, AgentInterrupt
 
-from agent.assemble import build_workflow, new_uuid
+from agent.assemble import build_workflow
+from agent.clock import new_uuid
 from agent.outcomes import AwaitingApproval, Reply
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig

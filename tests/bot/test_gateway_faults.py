@@ -20,7 +20,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import Implementation
 
-from agent.assemble import new_uuid, utc_now
+from agent.clock import new_uuid, utc_now
 from agent.keys import ApiKeys
 from storage.db import make_engine, make_session_factory
 from storage.models import ApprovalRow

@@ -80,5 +80,5 @@ async def test_a_person_asked_about_twice_at_once_is_asked_of_slack_once(
     answers = await asyncio.gather(
         people.is_outsider(client, "UGUEST", None), people.is_admin(client, "UGUEST")
     )
-    assert answers == [True, False]
+    assert tuple(answers) == (True, False)
     assert len(fake_slack.calls_to("users.info")) == 1
