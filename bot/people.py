@@ -20,7 +20,18 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CACHE_TTL = timedelta(seconds=60)
-CACHE_KEPT = 10_000  # entries per cache: past it the expired go, then the oldest
+CACHE_KEPT = 10_000  # entries per cache at most: past it the oldest go
+# What users.info's `user` is kept for (`is_admin`, `outsider_kind`): the rest of it (the
+# profile, its image links, the time zone) is a few KB a person that nothing here reads.
+USER_FIELDS = (
+    "team_id",
+    "is_admin",
+    "is_owner",
+    "is_primary_owner",
+    "is_restricted",
+    "is_ultra_restricted",
+    "is_stranger",
+)
 MEMBER_PAGES = 10  # of conversations.members (1000 each): an approver channel is smaller
 Outsider = Literal["guest", "external"]
 
@@ -42,14 +53,18 @@ class People:
         self._member_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
 
     def _keep(self, cache: dict[str, tuple[datetime, T]], key: str, value: T) -> None:
-        """Cache `value` for the TTL, in a cache of at most CACHE_KEPT entries."""
+        """Cache `value` for the TTL, in a cache of at most CACHE_KEPT entries.
+
+        An expired entry is never read again (it is asked afresh), so it goes now rather
+        than when the cache is full: entries are kept in the order they expire (one TTL for
+        all, each re-inserted as the newest), so those expired are the first ones. The cache
+        then holds the people seen in the last TTL, not the last CACHE_KEPT of them."""
         now = self._clock()
-        if len(cache) >= CACHE_KEPT:
-            for stale in [k for k, (until, _) in cache.items() if until <= now]:
-                del cache[stale]
-            while len(cache) >= CACHE_KEPT:
-                del cache[next(iter(cache))]  # the oldest
         cache.pop(key, None)  # re-inserted: the newest
+        while cache and next(iter(cache.values()))[0] <= now:
+            del cache[next(iter(cache))]  # expired
+        while len(cache) >= CACHE_KEPT:
+            del cache[next(iter(cache))]  # the oldest
         cache[key] = (now + self._ttl, value)
 
     async def is_admin(self, client: AsyncWebClient, user: str, team: str | None = None) -> bool:
@@ -80,10 +95,11 @@ class People:
         if cached and cached[0] > self._clock():
             return cached[1]
         try:
-            info: dict[str, Any] = (await client.users_info(user=user))["user"]
+            found: dict[str, Any] = (await client.users_info(user=user))["user"]
         except SlackApiError as exc:
             log.warning("users.info failed for %s: %s", user, exc.response.get("error"))
             return None
+        info = {k: found[k] for k in USER_FIELDS if k in found}
         self._keep(self._user_cache, user, info)
         return info
 
