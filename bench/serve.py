@@ -20,6 +20,10 @@ cost a few microseconds per statement:
 - SIGWINCH starts pyinstrument (with $BENCH_PYINSTRUMENT set: sampling every ms, the
   event loop's own stack); the next SIGWINCH stops it and writes its samples to that path
   (bench/profile.py `pieces` reads them);
+- with $BENCH_HEAP set (a directory), each SIGUSR1 dump also writes there what the process
+  holds by allocator (RSS, glibc's heap and its free chunks, pymalloc's arenas), and with
+  $BENCH_TRACEMALLOC=<frames> too, tracemalloc's snapshot and the live objects by type
+  (`heap_figures`: issue 23's probe of what grows between 200 and 2,000 conversations);
 - an experiment, off by default: BENCH_UVLOOP=1 runs the loop on uvloop;
 - with $BENCH_CPROFILE set, cProfile (timed by process CPU time, not wall time) runs from
   start-up to shut-down and writes its stats to that path. It is of limited use: it loses
@@ -204,6 +208,8 @@ class SqlStats:
         }
 
     def dump(self, path: Path) -> None:
+        if heap_dir := os.environ.get("BENCH_HEAP"):
+            heap_figures(Path(heap_dir), self.dumps + 1)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.snapshot()))
         tmp.replace(path)
@@ -218,6 +224,67 @@ class SqlStats:
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(trace))
         tmp.replace(out)
+
+
+# glibc's struct mallinfo2, in order: `arena` is the heap's size, `uordblks` in use in it,
+# `fordblks` free in it, `hblkhd` in blocks mapped on their own.
+_MALLINFO2 = (
+    *("arena", "ordblks", "smblks", "hblks", "hblkhd"),
+    *("usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"),
+)
+_PYMALLOC = re.compile(
+    r"^# (arenas allocated current|bytes in allocated blocks) += +([\d,]+)$", re.MULTILINE
+)
+
+
+def heap_figures(directory: Path, seq: int) -> None:
+    """$BENCH_HEAP's probe (issue 23): what the process holds, by allocator, in
+    `heap-{seq}.json` (and glibc's free chunks by size in `malloc-{seq}.xml`); with
+    $BENCH_TRACEMALLOC, also the live objects by type after a full collection, and
+    tracemalloc's snapshot in `snap-{seq}.pickle`.
+
+    Live objects that grow (a cache keyed by user or thread) show in the snapshots'
+    `compare_to(..., "lineno")`; what glibc or pymalloc hold without any live object in it
+    (fragmentation, a high-water mark) only in the allocators' figures."""
+    import ctypes
+    import pickle
+    import tempfile
+    import tracemalloc
+
+    out: dict[str, Any] = {"tracked": [len(gc.get_objects(g)) for g in range(3)]}
+    rollup = Path("/proc/self/smaps_rollup").read_text().splitlines()[1:]
+    out["smaps_kb"] = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in rollup)}
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in _MALLINFO2]
+
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = Mallinfo2
+    info = libc.mallinfo2()
+    out["mallinfo2"] = {name: getattr(info, name) for name in _MALLINFO2}
+    libc.fopen.restype = ctypes.c_void_p
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    stream = libc.fopen(str(directory / f"malloc-{seq}.xml").encode(), b"w")
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    with tempfile.TemporaryFile() as err:  # pymalloc writes to the C stderr (logs too, meanwhile)
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        err.seek(0)
+        text = err.read().decode(errors="replace")
+    out["pymalloc"] = {m[1]: int(m[2].replace(",", "")) for m in _PYMALLOC.finditer(text)}
+    if tracemalloc.is_tracing():
+        out["collected"] = gc.collect()
+        out["types"] = Counter(type(o).__qualname__ for o in gc.get_objects()).most_common(200)
+        with (directory / f"snap-{seq}.pickle").open("wb") as f:
+            pickle.dump(tracemalloc.take_snapshot(), f)
+    (directory / f"heap-{seq}.json").write_text(json.dumps(out))
 
 
 async def serve(settings: Settings, stats: SqlStats) -> None:
@@ -242,6 +309,10 @@ async def serve(settings: Settings, stats: SqlStats) -> None:
 
 
 def main() -> int:
+    if frames := int(os.environ.get("BENCH_TRACEMALLOC", "0")):
+        import tracemalloc
+
+        tracemalloc.start(frames)  # before anything is imported: every block is traced
     settings = settings_or_exit()
     stats = SqlStats()
     stats.install()

@@ -13,7 +13,7 @@ from typing import Literal
 
 CLICKS = 5
 WINDOW = timedelta(seconds=10)
-KEPT = 10_000  # (user, card) pairs remembered; the oldest are forgotten first
+KEPT = 10_000  # (user, card) pairs remembered at most; the oldest are forgotten first
 
 
 class ClickLimit:
@@ -37,9 +37,21 @@ class ClickLimit:
         while times and now - times[0] >= self._window:
             times.popleft()
         times.append(now)
+        self._forget_idle(now)
         self._seen[key] = times
         if len(self._seen) > KEPT:
             self._seen.popitem(last=False)
         if len(times) <= self._clicks:
             return "ok"
         return "warn" if len(times) == self._clicks + 1 else "quiet"
+
+    def _forget_idle(self, now: datetime) -> None:
+        """Forget the pairs last clicked a window ago or more: their clicks no longer count
+        (their next one would find none left), so only pairs clicked within the window are
+        kept, not the last KEPT. The pairs are in the order of their last click (each is
+        re-inserted as the newest), so those are the first ones."""
+        while self._seen:
+            first = next(iter(self._seen.values()))
+            if now - first[-1] < self._window:
+                return
+            self._seen.popitem(last=False)

@@ -21,7 +21,18 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CACHE_TTL = timedelta(seconds=60)
-CACHE_KEPT = 10_000  # entries per cache: past it the expired go, then the oldest
+CACHE_KEPT = 10_000  # entries per cache at most: past it the oldest go
+# What users.info's `user` is kept for (`is_admin`, `outsider_kind`): the rest of it (the
+# profile, its image links, the time zone) is a few KB a person that nothing here reads.
+USER_FIELDS = (
+    "team_id",
+    "is_admin",
+    "is_owner",
+    "is_primary_owner",
+    "is_restricted",
+    "is_ultra_restricted",
+    "is_stranger",
+)
 MEMBER_PAGES = 10  # of conversations.members (1000 each): an approver channel is smaller
 Outsider = Literal["guest", "external"]
 
@@ -46,14 +57,18 @@ class People:
         self._asking: dict[str, asyncio.Task[dict[str, Any] | None]] = {}
 
     def _keep(self, cache: dict[str, tuple[datetime, T]], key: str, value: T) -> None:
-        """Cache `value` for the TTL, in a cache of at most CACHE_KEPT entries."""
+        """Cache `value` for the TTL, in a cache of at most CACHE_KEPT entries.
+
+        An expired entry is never read again (it is asked afresh), so it goes now rather
+        than when the cache is full: entries are kept in the order they expire (one TTL for
+        all, each re-inserted as the newest), so those expired are the first ones. The cache
+        then holds the people seen in the last TTL, not the last CACHE_KEPT of them."""
         now = self._clock()
-        if len(cache) >= CACHE_KEPT:
-            for stale in [k for k, (until, _) in cache.items() if until <= now]:
-                del cache[stale]
-            while len(cache) >= CACHE_KEPT:
-                del cache[next(iter(cache))]  # the oldest
         cache.pop(key, None)  # re-inserted: the newest
+        while cache and next(iter(cache.values()))[0] <= now:
+            del cache[next(iter(cache))]  # expired
+        while len(cache) >= CACHE_KEPT:
+            del cache[next(iter(cache))]  # the oldest
         cache[key] = (now + self._ttl, value)
 
     async def is_admin(self, client: AsyncWebClient, user: str, team: str | None = None) -> bool:
@@ -82,25 +97,23 @@ class People:
     def warm(self, client: AsyncWebClient, user: str) -> None:
         """Start asking Slack about `user` now, beside other work, when a lookup on this
         path will need the answer: it finds it cached, or in flight."""
-        self._asking_about(client, user)
+        if self._cached(user) is None:
+            self._asking_about(client, user)
 
     async def _user(self, client: AsyncWebClient, user: str) -> dict[str, Any] | None:
-        cached = self._user_cache.get(user)
-        if cached and cached[0] > self._clock():
+        if (cached := self._cached(user)) is not None:
             return cached[1]
         # Shielded: one caller given up on (a cancelled click) does not cancel the others'.
         return await asyncio.shield(self._asking_about(client, user))
 
+    def _cached(self, user: str) -> tuple[datetime, dict[str, Any] | None] | None:
+        cached = self._user_cache.get(user)
+        return cached if cached and cached[0] > self._clock() else None
+
     def _asking_about(
         self, client: AsyncWebClient, user: str
-    ) -> asyncio.Future[dict[str, Any] | None]:
-        """The users.info call about `user` under way, started if none is (or the cached
-        answer, as a finished future)."""
-        cached = self._user_cache.get(user)
-        if cached and cached[0] > self._clock():
-            done: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
-            done.set_result(cached[1])
-            return done
+    ) -> asyncio.Task[dict[str, Any] | None]:
+        """The users.info call about `user` under way, started if none is."""
         asking = self._asking.get(user)
         if asking is None:
             asking = asyncio.get_running_loop().create_task(self._ask(client, user))
@@ -116,10 +129,11 @@ class People:
 
     async def _ask(self, client: AsyncWebClient, user: str) -> dict[str, Any] | None:
         try:
-            info: dict[str, Any] = (await client.users_info(user=user))["user"]
+            found: dict[str, Any] = (await client.users_info(user=user))["user"]
         except SlackApiError as exc:
             log.warning("users.info failed for %s: %s", user, exc.response.get("error"))
             return None
+        info = {k: found[k] for k in USER_FIELDS if k in found}
         self._keep(self._user_cache, user, info)
         return info
 

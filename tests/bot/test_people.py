@@ -82,3 +82,29 @@ async def test_a_person_asked_about_twice_at_once_is_asked_of_slack_once(
     )
     assert tuple(answers) == (True, False)
     assert len(fake_slack.calls_to("users.info")) == 1
+
+
+async def test_an_expired_entry_goes_when_the_next_is_kept(
+    fake_slack: FakeSlack, client: AsyncWebClient
+) -> None:
+    """An entry past its TTL is never read again: the cache holds the people of the last
+    TTL, not the last CACHE_KEPT of them, and of each only what is read (not the profile)."""
+    clock = Clock()
+    people = People(admin_users=[], clock=clock)
+    for n in range(20):
+        fake_slack.users[f"U{n}"] = {"is_admin": n == 3}
+        await people.is_admin(client, f"U{n}")
+    assert len(people._user_cache) == 20
+    clock.advance(seconds=CACHE_TTL.total_seconds() / 2)
+    assert await people.is_admin(client, "U3")  # cached: no users.info
+    await people.is_admin(client, "U20")
+    assert len(people._user_cache) == 21
+    clock.advance(seconds=CACHE_TTL.total_seconds() / 2)
+    await people.is_admin(client, "U21")
+    assert list(people._user_cache) == ["U20", "U21"]
+    assert len(fake_slack.calls_to("users.info")) == 22
+    _, kept = people._user_cache["U21"]
+    assert kept is not None
+    assert set(kept) <= set(people_module.USER_FIELDS)
+    assert kept["is_admin"] is False
+    assert "profile" not in kept  # the fake's users.info has one, as Slack's does
