@@ -5,7 +5,6 @@ approver group or a channel made public loses the power within CACHE_TTL."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
@@ -52,9 +51,6 @@ class People:
         self._group_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
         self._private_cache: dict[str, tuple[datetime, bool]] = {}
         self._member_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
-        # users.info calls under way, by person: a second lookup of the same person waits
-        # for the first answer instead of asking again (`warm` starts one early).
-        self._asking: dict[str, asyncio.Task[dict[str, Any] | None]] = {}
 
     def _keep(self, cache: dict[str, tuple[datetime, T]], key: str, value: T) -> None:
         """Cache `value` for the TTL, in a cache of at most CACHE_KEPT entries.
@@ -94,40 +90,10 @@ class People:
         info = await self._user(client, user)
         return None if info is None else outsider_kind(info, team)
 
-    def warm(self, client: AsyncWebClient, user: str) -> None:
-        """Start asking Slack about `user` now, beside other work, when a lookup on this
-        path will need the answer: it finds it cached, or in flight."""
-        if self._cached(user) is None:
-            self._asking_about(client, user)
-
     async def _user(self, client: AsyncWebClient, user: str) -> dict[str, Any] | None:
-        if (cached := self._cached(user)) is not None:
-            return cached[1]
-        # Shielded: one caller given up on (a cancelled click) does not cancel the others'.
-        return await asyncio.shield(self._asking_about(client, user))
-
-    def _cached(self, user: str) -> tuple[datetime, dict[str, Any] | None] | None:
         cached = self._user_cache.get(user)
-        return cached if cached and cached[0] > self._clock() else None
-
-    def _asking_about(
-        self, client: AsyncWebClient, user: str
-    ) -> asyncio.Task[dict[str, Any] | None]:
-        """The users.info call about `user` under way, started if none is."""
-        asking = self._asking.get(user)
-        if asking is None:
-            asking = asyncio.get_running_loop().create_task(self._ask(client, user))
-            self._asking[user] = asking
-            asking.add_done_callback(lambda task: self._asked(user, task))
-        return asking
-
-    def _asked(self, user: str, task: asyncio.Task[dict[str, Any] | None]) -> None:
-        if self._asking.get(user) is task:
-            del self._asking[user]
-        if not task.cancelled():
-            task.exception()  # each waiter sees it; a warm-up nobody waited for is not logged
-
-    async def _ask(self, client: AsyncWebClient, user: str) -> dict[str, Any] | None:
+        if cached and cached[0] > self._clock():
+            return cached[1]
         try:
             found: dict[str, Any] = (await client.users_info(user=user))["user"]
         except SlackApiError as exc:
@@ -239,10 +205,7 @@ class People:
         self, client: AsyncWebClient, user: str, *, clicked_in: str | None, home: bool = False
     ) -> Callable[[Approval, Policy], Awaitable[ApproverFacts]]:
         """What Slack knows about `user`, who clicked in `clicked_in` (or on the Home tab),
-        asked once the workflow knows the request and its policy; but whether `user` is a
-        guest is asked at once, beside the workflow's read of the request: every decision
-        needs it."""
-        self.warm(client, user)
+        asked only once the workflow knows the request and its policy."""
 
         async def facts(approval: Approval, policy: Policy) -> ApproverFacts:
             card_channel = approval.card.channel if approval.card else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -66,22 +65,6 @@ async def test_each_cache_keeps_at_most_so_many_people(
     assert len(fake_slack.calls_to("users.info")) == 3
     assert await people.is_admin(client, "U1")  # forgotten: asked again
     assert len(fake_slack.calls_to("users.info")) == 4
-
-
-async def test_a_person_asked_about_twice_at_once_is_asked_of_slack_once(
-    fake_slack: FakeSlack, client: AsyncWebClient
-) -> None:
-    """A click's own lookup starts early (`warm`), beside the read of its request; the
-    decision's lookup of the same person then waits for that answer rather than asking
-    again, as do lookups made at the same moment."""
-    people = People(admin_users=[], clock=Clock())
-    fake_slack.users["UGUEST"] = {"is_restricted": True}
-    people.warm(client, "UGUEST")
-    answers = await asyncio.gather(
-        people.is_outsider(client, "UGUEST", None), people.is_admin(client, "UGUEST")
-    )
-    assert tuple(answers) == (True, False)
-    assert len(fake_slack.calls_to("users.info")) == 1
 
 
 async def test_an_expired_entry_goes_when_the_next_is_kept(
