@@ -31,13 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.report import fmt
+
 RESULTS = Path(__file__).parent / "results.json"
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 10 else f"{value:,.1f}"
-    return "-" if value is None else str(value)
 
 
 def summary(results: dict[str, Any]) -> str:
@@ -46,7 +42,7 @@ def summary(results: dict[str, Any]) -> str:
     if isinstance(store, dict):
         lines.append("session store")
         for name, value in (store.get("ratios") or {}).items():
-            lines.append(f"  {name:<52}{_fmt(value):>12}")
+            lines.append(f"  {name:<52}{fmt(value):>12}")
         for name, met in (store.get("targets") or {}).items():
             lines.append(f"  target {name:<45}{'met' if met else 'MISSED':>12}")
     elif store is not None:
@@ -57,7 +53,7 @@ def summary(results: dict[str, Any]) -> str:
         lines.append("policy")
         lines.append(
             f"  target {'evaluation_20_rules_lt_0.2ms':<45}{verdict:>12}  "
-            f"({_fmt(policy['ms_per_call'])} ms vs {policy['target_ms']})"
+            f"({fmt(policy['ms_per_call'])} ms vs {policy['target_ms']})"
         )
     prov = results.get("provenance")
     if isinstance(prov, dict):
@@ -68,7 +64,7 @@ def summary(results: dict[str, Any]) -> str:
         ):
             verdict = "met" if prov[key] < prov[limit] else "MISSED"
             lines.append(
-                f"  target {name:<45}{verdict:>12}  ({_fmt(prov[key])} ms vs {prov[limit]})"
+                f"  target {name:<45}{verdict:>12}  ({fmt(prov[key])} ms vs {prov[limit]})"
             )
         for name, key in (
             ("trace CPU, ms", "trace_cpu_ms"),
@@ -76,15 +72,15 @@ def summary(results: dict[str, Any]) -> str:
             ("cold trace CPU, ms", "cold_trace_cpu_ms"),
         ):
             if key in prov:
-                lines.append(f"  {name:<52}{_fmt(prov[key]):>12}")
+                lines.append(f"  {name:<52}{fmt(prov[key]):>12}")
     bot = results.get("bot")
     if isinstance(bot, dict):
         lines.append("bot")
         for name, ratio in (bot.get("ratios_ours_over_baseline") or {}).items():
-            lines.append(f"  ours/baseline {name:<38}{_fmt(ratio):>12}")
+            lines.append(f"  ours/baseline {name:<38}{fmt(ratio):>12}")
         for name, t in (bot.get("targets") or {}).items():
             verdict = "met" if t["met"] else "MISSED"
-            lines.append(f"  target {name:<45}{verdict:>12}  ({_fmt(t['value'])} vs {t['limit']})")
+            lines.append(f"  target {name:<45}{verdict:>12}  ({fmt(t['value'])} vs {t['limit']})")
     recovery = results.get("recovery")
     if isinstance(recovery, dict):
         lines.append("recovery (replacement up -> turn completed)")
@@ -92,7 +88,7 @@ def summary(results: dict[str, Any]) -> str:
             times = r["replacement_up_to_reply_s"]
             verdict = "met" if r["met"] else "MISSED"
             lines.append(
-                f"  after {sig:<46}{verdict:>12}  (max {_fmt(times['max'])} s vs {r['target_s']})"
+                f"  after {sig:<46}{verdict:>12}  (max {fmt(times['max'])} s vs {r['target_s']})"
             )
     gateway = results.get("gateway")
     if isinstance(gateway, dict):
@@ -101,7 +97,7 @@ def summary(results: dict[str, Any]) -> str:
         lines.append("gateway")
         lines.append(
             f"  target {'allowed_mcp_call_overhead_p50_lt_5ms':<45}{verdict:>12}  "
-            f"({_fmt(call['overhead_ms_p50'])} ms vs {call['target_ms']}; "
+            f"({fmt(call['overhead_ms_p50'])} ms vs {call['target_ms']}; "
             f"load {gateway['load_average_1m']})"
         )
         lines.append(

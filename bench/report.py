@@ -109,10 +109,14 @@ def ratios(ours: JSON, base: JSON) -> JSON:
     return out
 
 
-def _fmt(v: Any) -> str:
+def fmt(v: Any) -> str:
+    """A figure as the tables and summaries print it: a ratio to three significant digits
+    (1.06 is under a 1.1 target; "1.1" would not say so), milliseconds to a tenth."""
     if v is None:
         return "-"
     if isinstance(v, float):
+        if abs(v) < 10:
+            return f"{v:.3g}"
         return f"{v:,.1f}" if abs(v) < 1e5 else f"{v:,.0f}"
     return str(v)
 
@@ -189,11 +193,11 @@ def table(result: JSON) -> str:
             if isinstance(a, int | float) and isinstance(b, int | float) and b
             else "-"
         )
-        lines.append(f"{label:<{width}}{_fmt(a):>12}{_fmt(b):>12}{r:>8}")
+        lines.append(f"{label:<{width}}{fmt(a):>12}{fmt(b):>12}{r:>8}")
     lines.append("")
     for name, t in result["targets"].items():
         verdict = "met" if t["met"] else "MISSED"
-        lines.append(f"target {name}: {verdict} ({_fmt(t['value'])} vs {t['limit']})")
+        lines.append(f"target {name}: {verdict} ({fmt(t['value'])} vs {t['limit']})")
     memory = result.get("memory")
     if memory:
         lines.append("")
@@ -205,8 +209,8 @@ def table(result: JSON) -> str:
         lines.append("file tools mounted (no file tool called), medians of pairs run alternately:")
         for name, got in files.items():
             lines.append(
-                f"  {name:<28} with {_fmt(got['with'])}  without {_fmt(got['without'])}"
-                f"  x{_fmt(got['ratio'])}"
+                f"  {name:<28} with {fmt(got['with'])}  without {fmt(got['without'])}"
+                f"  x{fmt(got['ratio'])}"
             )
     trace = ours.get("trace")
     if trace:
