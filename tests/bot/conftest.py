@@ -25,8 +25,10 @@ from typing import Any
 import aiohttp
 import asyncpg  # type: ignore[import-untyped]
 import pytest
+from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy.engine import make_url
 
+from bot.app import web_client
 from bot.server import Service
 from bot.settings import Settings
 from storage.db import SessionFactory, make_engine, make_session_factory
@@ -166,6 +168,16 @@ async def fake_slack() -> AsyncIterator[FakeSlack]:
         # Who is in it: a modal's submission asks Slack again (a test may change it).
         slack.members[APPROVERS] = ["UBOSS", "UCFO", "UOTHERBOSS"]
         yield slack
+
+
+@pytest.fixture
+async def web_api(fake_slack: FakeSlack) -> AsyncIterator[AsyncWebClient]:
+    """The bot's own Web API client (bot/app.py `web_client`), on the fake Slack: for tests
+    of one piece (people, links) without the service."""
+    api = web_client("xoxb-test", fake_slack.base_url)
+    yield api
+    assert api.session is not None
+    await api.session.close()
 
 
 @pytest.fixture

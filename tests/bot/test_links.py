@@ -5,25 +5,15 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import AsyncIterator
 from contextvars import ContextVar
 
 import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import links as links_module
-from bot.app import web_client
 from bot.links import Links
 from storage.domain import Thread
 from tests.fakes.slack_api import FakeSlack
-
-
-@pytest.fixture
-async def client(fake_slack: FakeSlack) -> AsyncIterator[AsyncWebClient]:
-    client = web_client("xoxb-test", fake_slack.base_url)
-    yield client
-    assert client.session is not None
-    await client.session.close()
 
 
 def thread(n: int) -> Thread:
@@ -31,14 +21,14 @@ def thread(n: int) -> Thread:
 
 
 async def test_with_the_workspace_address_links_are_built_and_none_is_kept(
-    fake_slack: FakeSlack, client: AsyncWebClient
+    fake_slack: FakeSlack, web_api: AsyncWebClient
 ) -> None:
     links = Links()
     for n in range(50):
-        links.warm(client, thread(n))
-        got = await links.link(client, thread(n))
+        links.warm(web_api, thread(n))
+        got = await links.link(web_api, thread(n))
         assert got == f"https://example.slack.com/archives/C{n:07d}/p1700000000{n:06d}"
-    reply = await links.link(client, thread(99), in_thread="1600000000.000001")
+    reply = await links.link(web_api, thread(99), in_thread="1600000000.000001")
     assert reply == (
         "https://example.slack.com/archives/C0000099/p1700000000000099"
         "?thread_ts=1600000000.000001&cid=C0000099"
@@ -49,22 +39,22 @@ async def test_with_the_workspace_address_links_are_built_and_none_is_kept(
 
 
 async def test_without_it_each_link_is_asked_once_and_so_many_are_kept(
-    fake_slack: FakeSlack, client: AsyncWebClient, monkeypatch: pytest.MonkeyPatch
+    fake_slack: FakeSlack, web_api: AsyncWebClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(links_module, "KEPT", 3)
     fake_slack.fail_next("auth.test", error="invalid_auth", times=1000)
     links = Links()
     for _ in range(2):
-        got = await links.link(client, thread(1))
+        got = await links.link(web_api, thread(1))
         assert got == "https://example.slack.com/archives/C0000001/p1700000000000001"
     assert len(fake_slack.calls_to("chat.getPermalink")) == 1  # asked once, then kept
     for n in range(2, 10):
-        await links.link(client, thread(n))
+        await links.link(web_api, thread(n))
         assert len(links._permalinks) <= 3
 
 
 async def test_a_kept_lookup_keeps_nothing_of_the_conversation_that_asked_alive(
-    fake_slack: FakeSlack, client: AsyncWebClient
+    fake_slack: FakeSlack, web_api: AsyncWebClient
 ) -> None:
     """The lookup is a task, kept for whoever asks next; the context it ran in (the turn,
     the piece of background work: a conversation's worth of objects) is not kept with it."""
@@ -78,7 +68,7 @@ async def test_a_kept_lookup_keeps_nothing_of_the_conversation_that_asked_alive(
     asking = Turn()
     gone = weakref.ref(asking)
     turn.set(asking)
-    assert await links.link(client, thread(1)) is not None
+    assert await links.link(web_api, thread(1)) is not None
     turn.set(None)
     del asking
     gc.collect()

@@ -2,73 +2,62 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import people as people_module
-from bot.app import web_client
 from bot.people import CACHE_TTL, People
 from tests.agent.conftest import Clock
 from tests.fakes.slack_api import FakeSlack
 
 
-@pytest.fixture
-async def client(fake_slack: FakeSlack) -> AsyncIterator[AsyncWebClient]:
-    client = web_client("xoxb-test", fake_slack.base_url)
-    yield client
-    assert client.session is not None
-    await client.session.close()
-
-
 async def test_a_demoted_admin_loses_the_power_within_a_minute(
-    fake_slack: FakeSlack, client: AsyncWebClient
+    fake_slack: FakeSlack, web_api: AsyncWebClient
 ) -> None:
     clock = Clock()
     people = People(admin_users=["UCONFIGURED"], clock=clock)
     fake_slack.users["UBOSS"] = {"is_admin": True}
-    assert await people.is_admin(client, "UBOSS")
+    assert await people.is_admin(web_api, "UBOSS")
     fake_slack.users["UBOSS"] = {"is_admin": False}
     clock.advance(seconds=CACHE_TTL.total_seconds() - 1)
-    assert await people.is_admin(client, "UBOSS")  # cached: no second users.info yet
+    assert await people.is_admin(web_api, "UBOSS")  # cached: no second users.info yet
     assert len(fake_slack.calls_to("users.info")) == 1
     clock.advance(seconds=2)
-    assert not await people.is_admin(client, "UBOSS")
-    assert await people.is_admin(client, "UCONFIGURED")  # ADMIN_USERS: no lookup at all
+    assert not await people.is_admin(web_api, "UBOSS")
+    assert await people.is_admin(web_api, "UCONFIGURED")  # ADMIN_USERS: no lookup at all
     assert len(fake_slack.calls_to("users.info")) == 2
     assert CACHE_TTL.total_seconds() <= 60
 
 
 async def test_group_membership_is_refreshed_as_often(
-    fake_slack: FakeSlack, client: AsyncWebClient
+    fake_slack: FakeSlack, web_api: AsyncWebClient
 ) -> None:
     clock = Clock()
     people = People(admin_users=[], clock=clock)
     fake_slack.usergroups["SFIN"] = ["UFIN"]
-    assert await people.group_members(client, "SFIN") == {"UFIN"}
+    assert await people.group_members(web_api, "SFIN") == {"UFIN"}
     fake_slack.usergroups["SFIN"] = []
     clock.advance(seconds=CACHE_TTL.total_seconds() + 1)
-    assert await people.group_members(client, "SFIN") == frozenset()
+    assert await people.group_members(web_api, "SFIN") == frozenset()
 
 
 async def test_each_cache_keeps_at_most_so_many_people(
-    fake_slack: FakeSlack, client: AsyncWebClient, monkeypatch: pytest.MonkeyPatch
+    fake_slack: FakeSlack, web_api: AsyncWebClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A process that meets ever more people keeps a bounded cache (the oldest go first)."""
     monkeypatch.setattr(people_module, "CACHE_KEPT", 2)
     people = People(admin_users=[], clock=Clock())
     for user in ("U1", "U2", "U3"):
         fake_slack.users[user] = {"is_admin": True}
-        assert await people.is_admin(client, user)
-    assert await people.is_admin(client, "U3")  # still cached
+        assert await people.is_admin(web_api, user)
+    assert await people.is_admin(web_api, "U3")  # still cached
     assert len(fake_slack.calls_to("users.info")) == 3
-    assert await people.is_admin(client, "U1")  # forgotten: asked again
+    assert await people.is_admin(web_api, "U1")  # forgotten: asked again
     assert len(fake_slack.calls_to("users.info")) == 4
 
 
 async def test_an_expired_entry_goes_when_the_next_is_kept(
-    fake_slack: FakeSlack, client: AsyncWebClient
+    fake_slack: FakeSlack, web_api: AsyncWebClient
 ) -> None:
     """An entry past its TTL is never read again: the cache holds the people of the last
     TTL, not the last CACHE_KEPT of them, and of each only what is read (not the profile)."""
@@ -76,14 +65,14 @@ async def test_an_expired_entry_goes_when_the_next_is_kept(
     people = People(admin_users=[], clock=clock)
     for n in range(20):
         fake_slack.users[f"U{n}"] = {"is_admin": n == 3}
-        await people.is_admin(client, f"U{n}")
+        await people.is_admin(web_api, f"U{n}")
     assert len(people._user_cache) == 20
     clock.advance(seconds=CACHE_TTL.total_seconds() / 2)
-    assert await people.is_admin(client, "U3")  # cached: no users.info
-    await people.is_admin(client, "U20")
+    assert await people.is_admin(web_api, "U3")  # cached: no users.info
+    await people.is_admin(web_api, "U20")
     assert len(people._user_cache) == 21
     clock.advance(seconds=CACHE_TTL.total_seconds() / 2)
-    await people.is_admin(client, "U21")
+    await people.is_admin(web_api, "U21")
     assert list(people._user_cache) == ["U20", "U21"]
     assert len(fake_slack.calls_to("users.info")) == 22
     _, kept = people._user_cache["U21"]
