@@ -369,6 +369,7 @@ async def serve(settings: Settings, *, host: str = "0.0.0.0") -> None:  # noqa: 
         try:
             with heap.building(collect=True):  # no collection until it has started
                 await service.start()
+            heap.serving()
             await stop.wait()
             log.info("shutting down")
         finally:
