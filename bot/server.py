@@ -188,8 +188,7 @@ class Service:
             clock=self._clock,
             stream_interval=s.STREAM_INTERVAL_SECONDS,
             assistant_thread=assistant.knows,
-            is_private=for_cards.is_private,
-            outsider=for_cards.outsider_kind,
+            people=for_cards,
         )
         home = HomeTabs(
             workflow=workflow,
