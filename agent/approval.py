@@ -131,8 +131,6 @@ class Calls:
             return await self._run(scope, ref, raw, policy, params, ctx, next_fn)
         if self.standing and (covered := await self.standing.cover(scope, ref, args, raw, policy)):
             return await self.gate.run_covered(covered, scope, params, ctx, next_fn)  # no card
-        if scope.asking is not None:
-            scope.asking()  # a card follows the pause
         if ref:
             context = context or await context_of(scope, ref, args)
             scope.calls[ref] = Called(policy, context, args, history)

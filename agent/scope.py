@@ -97,9 +97,6 @@ class TurnScope:
     # Told of each approved call of the turn as soon as its output is recorded, with the
     # approval as it is then (a card can say it ran before the model has answered).
     ran: Callable[[Approval], None] | None = None
-    # Told when a call of the turn is to be asked of a person, before the turn pauses: the
-    # transport can start what the card will need (bot/: looking its requester up).
-    asking: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)

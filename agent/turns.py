@@ -80,13 +80,10 @@ class Turns:
         on_text: TextSink | None = None,
         *,
         viewing: str | None = None,
-        on_ask: Callable[[], None] | None = None,
     ) -> TurnOutcome:
         """Run one employee message; returns the reply, or the approvals it now waits on.
-        `viewing`: the channel the employee has open beside the thread, if Slack said.
-        `on_ask`: told when a call is to be asked of a person, before the turn pauses."""
-        started = self._start(thread, requester, text, on_text, viewing, on_ask)
-        return await self.watch.turn(started)
+        `viewing`: the channel the employee has open beside the thread, if Slack said."""
+        return await self.watch.turn(self._start(thread, requester, text, on_text, viewing))
 
     async def resume(
         self,
@@ -94,12 +91,10 @@ class Turns:
         on_text: TextSink | None = None,
         *,
         on_ran: Callable[[Approval], None] | None = None,
-        on_ask: Callable[[], None] | None = None,
     ) -> Resumed | None:
         """Resume a fully decided turn, once. None when it is not ready or someone else has it.
-        `on_ran`: told of each approved call as soon as its output is recorded; `on_ask`:
-        as `start`'s."""
-        return await self.watch.turn(self._resume(turn_id, on_text, on_ran, on_ask))
+        `on_ran`: told of each approved call as soon as its output is recorded."""
+        return await self.watch.turn(self._resume(turn_id, on_text, on_ran))
 
     async def _start(
         self,
@@ -108,7 +103,6 @@ class Turns:
         text: str,
         on_text: TextSink | None,
         viewing: str | None,
-        on_ask: Callable[[], None] | None,
     ) -> TurnOutcome:
         now = self.clock()
         until = now + self.leases.lease
@@ -124,7 +118,7 @@ class Turns:
             log.exception("could not take thread %s for a turn", thread.thread_ts)
             return Failed(thread)
         conversation = held.conversation_id
-        scope = _scope(thread, requester, held.participants, conversation, on_ask)
+        scope = _scope(thread, requester, held.participants, conversation)
         message = human_message(text, by=requester, at=now, viewing=viewing)
 
         async def keep(until: datetime) -> bool:
@@ -159,11 +153,7 @@ class Turns:
         return Reply(thread, out.text, _covered(scope))
 
     async def _resume(
-        self,
-        turn_id: str,
-        on_text: TextSink | None,
-        on_ran: Callable[[Approval], None] | None,
-        on_ask: Callable[[], None] | None,
+        self, turn_id: str, on_text: TextSink | None, on_ran: Callable[[Approval], None] | None
     ) -> Resumed | None:
         now = self.clock()
         until = now + self.leases.lease
@@ -181,7 +171,6 @@ class Turns:
             conversation_id=claim.conversation_id,
             thread=claim.thread,
             ran=on_ran,
-            asking=on_ask,
         )
         resume = asyncio.current_task()
         lost = asyncio.Event()
@@ -367,22 +356,9 @@ class Turns:
         return response
 
 
-def _scope(
-    thread: Thread,
-    requester: str,
-    people: tuple[str, ...],
-    conversation: str,
-    asking: Callable[[], None] | None,
-) -> TurnScope:
+def _scope(thread: Thread, requester: str, people: tuple[str, ...], conversation: str) -> TurnScope:
     """A new message's turn: in its thread's conversation, with everyone who took part."""
-    return TurnScope(
-        thread.team_id,
-        requester,
-        people,
-        conversation_id=conversation,
-        thread=thread,
-        asking=asking,
-    )
+    return TurnScope(thread.team_id, requester, people, conversation_id=conversation, thread=thread)
 
 
 def _covered(scope: TurnScope) -> tuple[Approval, ...]:

@@ -56,17 +56,10 @@ UNKNOWN_OUTCOME = (
     "⚠️ Outcome unknown: the call started but its result was never recorded. "
     "It was not run again — check whether it took effect."
 )
-# Marks a card in the channel as an approval's, so a sweep can find a post cut off.
-CARD_EVENT = "greenlight_approval_card"
 UNQUOTED = (
     "_The conversation is not quoted here: this channel is public. "
     "Show conversation has it, for those who may decide._"
 )
-
-
-def card_mark(approval: Approval) -> dict[str, Any]:
-    """The message metadata that says which approval a card is."""
-    return {"event_type": CARD_EVENT, "event_payload": {"approval_id": approval.id}}
 
 
 def as_seen(a: Approval) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,9 +31,8 @@ from agent.outcomes import (
 )
 from agent.workflow import Workflow
 from bot import messages
-from bot.card import CARD_EVENT, approval_card, card_mark, question_card
+from bot.card import approval_card, question_card
 from bot.links import KEPT, Links
-from bot.people import People
 from bot.streaming import ReplyStream, Streams
 from storage.domain import Approval, Thread
 from storage.gateway_store import GATEWAY_CHANNEL
@@ -41,10 +40,17 @@ from storage.gateway_store import GATEWAY_CHANNEL
 log = logging.getLogger(__name__)
 
 THINKING = "is thinking…"
+# Marks a card in the channel as an approval's, so a sweep can find a post cut off.
+CARD_EVENT = "greenlight_approval_card"
 # How far before its request a card is looked for: Slack's clock and ours may differ.
 HISTORY_MARGIN = timedelta(minutes=5)
 # Slack errors worth another try later (a sweep retries the card); any other is final.
 TRANSIENT = {"ratelimited", "internal_error", "fatal_error", "service_unavailable"}
+
+
+def card_mark(approval: Approval) -> dict[str, Any]:
+    """The message metadata that says which approval a card is."""
+    return {"event_type": CARD_EVENT, "event_payload": {"approval_id": approval.id}}
 
 
 class Delivery:
@@ -55,18 +61,23 @@ class Delivery:
         clock: Callable[[], datetime],
         stream_interval: float = 1.0,
         assistant_thread: Callable[[Thread], bool] = lambda thread: False,
-        people: People | None = None,
+        is_private: Callable[[AsyncWebClient, str], Awaitable[bool]] | None = None,
+        outsider: Callable[[AsyncWebClient, str, str], Awaitable[str | None]] | None = None,
     ) -> None:
         self._workflow = workflow
-        # Whether a card's channel is private (a public one's card quotes no conversation)
-        # and its requester a guest or an outsider. None: private, and nobody is (the demo).
-        self._people = people
+        # Whether a channel is private (bot/people.py): a card in a public one quotes no
+        # conversation. None: every channel is taken to be private (the demo's).
+        self._is_private = is_private
+        # Whether a requester is a guest or of another organisation (bot/people.py): the
+        # card says so. None: nobody is (the demo's).
+        self._outsider = outsider
         self._clock = clock
         self._stream_interval = stream_interval
         self._assistant_thread = assistant_thread
         self._channel_names: dict[str, str] = {}
         self._on_change: Callable[[AsyncWebClient, Approval], None] | None = None
         self._links = Links()
+        self._permalink = self._links.link
         # What each card was last redrawn as (a digest, by channel and ts): a redraw that
         # would change nothing is not sent (a resume's, after the card said the call ran).
         self._drawn: dict[tuple[str, str], bytes] = {}
@@ -191,7 +202,7 @@ class Delivery:
         is in the channel already, recorded as posted there; else posted."""
         found = await self._find_card(client, approval, escalated=escalated)
         if found is None:
-            link = await self._links.link(client, approval.thread)
+            link = await self._permalink(client, approval.thread)
             channel = _channel(approval, escalated)
             if await self._post(client, approval, channel, link, escalated=escalated) and escalated:
                 await self.refresh_card(client, approval)  # the first card says so
@@ -226,7 +237,7 @@ class Delivery:
         ]
         if not places:
             return
-        link = await self._links.link(client, approval.thread)
+        link = await self._permalink(client, approval.thread)
         for channel, ts in places:  # the card, and its copy in the escalation channel
             card = await self._card(client, channel, approval, link)
             drawn = hashlib.blake2b(json.dumps(card, sort_keys=True).encode()).digest()
@@ -263,9 +274,7 @@ class Delivery:
         text = messages.reminder_text(approval, policy.approver_users, policy.approver_groups)
         await self.say(client, Thread("", card.channel, card.ts), text)
         in_thread = approval.thread.thread_ts if approval.request.asks == "requester" else None
-        link = await self._links.link(
-            client, Thread("", card.channel, card.ts), in_thread=in_thread
-        )
+        link = await self._permalink(client, Thread("", card.channel, card.ts), in_thread=in_thread)
         for user in policy.approver_users:
             note = messages.reminder_dm(approval, link)
             try:
@@ -281,7 +290,7 @@ class Delivery:
         approval = due.approval
         if approval.escalation is None or approval.escalation.channel is None:
             return
-        link = await self._links.link(client, approval.thread)
+        link = await self._permalink(client, approval.thread)
         if await self._post(client, approval, approval.escalation.channel, link, escalated=True):
             await self.refresh_card(client, approval)  # the first card says it was escalated
 
@@ -318,7 +327,7 @@ class Delivery:
     ) -> dict[str, Any]:
         """Post one card per approval and return the note for the requester's thread."""
         links: list[str | None] = []
-        thread_link = await self._links.link(client, approvals[0].thread) if approvals else None
+        thread_link = await self._permalink(client, approvals[0].thread) if approvals else None
         for approval in approvals:
             links.append(await self._post_card(client, approval, thread_link))
         return messages.requester_note(list(approvals), card_links=links)
@@ -339,7 +348,7 @@ class Delivery:
         if (ts := await self._post(client, approval, channel, thread_link)) is None:
             return None
         in_thread = approval.thread.thread_ts if approval.request.asks == "requester" else None
-        return await self._links.link(client, Thread("", channel, ts), in_thread=in_thread)
+        return await self._permalink(client, Thread("", channel, ts), in_thread=in_thread)
 
     async def _post(
         self,
@@ -442,9 +451,9 @@ class Delivery:
         r, now = approval.request, self._clock()
         description = self._workflow.runtime.describe(r.tool)
         quotes = (
-            self._people is None
+            self._is_private is None
             or channel == approval.thread.channel_id  # the requester's own thread
-            or await self._people.is_private(client, channel)
+            or await self._is_private(client, channel)
         )
         if r.question:
             return question_card(
@@ -465,11 +474,10 @@ class Delivery:
     async def _requester(self, client: AsyncWebClient, approval: Approval) -> str | None:
         """Whether the requester is a guest or of another organisation, for the card; None
         when not, or when Slack cannot say (the card goes out without it)."""
-        if self._people is None:
+        if self._outsider is None:
             return None
         try:
-            requester, team = approval.request.requester, approval.thread.team_id
-            return await self._people.outsider_kind(client, requester, team)
+            return await self._outsider(client, approval.request.requester, approval.thread.team_id)
         except Exception as exc:
             log.warning("no facts on the requester of %s: %r", approval.id, exc)
             return None
@@ -477,12 +485,6 @@ class Delivery:
     async def link(self, client: AsyncWebClient, thread: Thread) -> str | None:
         """The message's permalink (a thread's, or a card's), asked of Slack once."""
         return await self._links.link(client, thread)
-
-    def asking(self, client: AsyncWebClient, requester: str) -> Callable[[], None]:
-        """A turn's `on_ask` (it is about to pause for a card): the card's lookup of its
-        requester starts, to run beside the pause's writes rather than after them."""
-        people = self._people
-        return (lambda: people.warm(client, requester)) if people else (lambda: None)
 
     def warm_link(self, client: AsyncWebClient, thread: Thread) -> None:
         """Start looking up the thread's link now, off the path of a card that may need it."""

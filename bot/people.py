@@ -5,7 +5,6 @@ approver group or a channel made public loses the power within CACHE_TTL."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
@@ -15,7 +14,6 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.policy import ApproverFacts, Policy
-from bot.background import detached
 from storage.domain import Approval
 
 log = logging.getLogger(__name__)
@@ -50,7 +48,6 @@ class People:
         self._clock = clock
         self._ttl = ttl
         self._user_cache: dict[str, tuple[datetime, dict[str, Any] | None]] = {}
-        self._asking: dict[str, asyncio.Future[dict[str, Any] | None]] = {}  # under way
         self._group_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
         self._private_cache: dict[str, tuple[datetime, bool]] = {}
         self._member_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
@@ -93,35 +90,10 @@ class People:
         info = await self._user(client, user)
         return None if info is None else outsider_kind(info, team)
 
-    def warm(self, client: AsyncWebClient, user: str) -> None:
-        """Start looking `user` up now, for whoever asks next (the lookup is shared): a card
-        about to be posted for them need not wait for users.info."""
-        cached = self._user_cache.get(user)
-        if not (cached and cached[0] > self._clock()):
-            self._lookup(client, user)
-
     async def _user(self, client: AsyncWebClient, user: str) -> dict[str, Any] | None:
         cached = self._user_cache.get(user)
         if cached and cached[0] > self._clock():
             return cached[1]
-        # Shielded: one asker cancelled must not cancel the lookup the others wait on.
-        return await asyncio.shield(self._lookup(client, user))
-
-    def _lookup(self, client: AsyncWebClient, user: str) -> asyncio.Future[dict[str, Any] | None]:
-        """The users.info lookup of `user` under way, or a new one: one call, however many
-        ask meanwhile (a warm one, then the card's; a person's double click)."""
-        if (asking := self._asking.get(user)) is None:
-            asking = self._asking[user] = detached(self._ask(client, user))
-            asking.add_done_callback(lambda done: self._asked(user, done))
-        return asking
-
-    def _asked(self, user: str, done: asyncio.Future[dict[str, Any] | None]) -> None:
-        if self._asking.get(user) is done:
-            del self._asking[user]
-        if not done.cancelled():
-            done.exception()  # retrieved: a warm lookup nobody awaited may have failed
-
-    async def _ask(self, client: AsyncWebClient, user: str) -> dict[str, Any] | None:
         try:
             found: dict[str, Any] = (await client.users_info(user=user))["user"]
         except SlackApiError as exc:

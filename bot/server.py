@@ -188,7 +188,8 @@ class Service:
             clock=self._clock,
             stream_interval=s.STREAM_INTERVAL_SECONDS,
             assistant_thread=assistant.knows,
-            people=for_cards,
+            is_private=for_cards.is_private,
+            outsider=for_cards.outsider_kind,
         )
         home = HomeTabs(
             workflow=workflow,

@@ -150,12 +150,7 @@ async def run_turn(
     viewing = deps.assistant.viewing(thread) if assistant else None
     try:
         outcome = await deps.workflow.turns.start(
-            thread,
-            user,
-            text,
-            on_text=streams,
-            viewing=viewing,
-            on_ask=deps.delivery.asking(client, user),
+            thread, user, text, on_text=streams, viewing=viewing
         )
     finally:
         if titling is not None:

@@ -132,10 +132,7 @@ async def settled(deps: Deps, client: AsyncWebClient, decided: Decided) -> None:
         async def resume() -> None:
             streams = deps.delivery.streams(client)
             on_ran = ran.done if ran is not None else None
-            on_ask = deps.delivery.asking(client, approval.request.requester)
-            resumed = await deps.workflow.turns.resume(
-                turn_id, on_text=streams, on_ran=on_ran, on_ask=on_ask
-            )
+            resumed = await deps.workflow.turns.resume(turn_id, on_text=streams, on_ran=on_ran)
             if resumed is not None:
                 await deps.delivery.resumed(client, resumed, streams)
             await streams.close_rest()
