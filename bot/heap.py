@@ -8,8 +8,9 @@ import contextlib
 import gc
 from collections.abc import Iterator
 
-# Allocations between collections of the youngest generation (CPython's default: 700).
-YOUNG = 10_000
+# Allocations between collections of the youngest generation (CPython's default: 700), and
+# how many collections of each generation come before one of the next (its default: 10, 10).
+THRESHOLDS = (10_000, 3, 3)
 
 
 @contextlib.contextmanager
@@ -38,14 +39,17 @@ def building(*, collect: bool = False) -> Iterator[None]:
 
 
 def serving() -> None:
-    """Collect the young generation every YOUNG allocations instead of every 700.
+    """Collect the young generation every 10,000 allocations instead of every 700, and the
+    older ones after 3 collections of the one below instead of 10.
 
     A conversation allocates tens of thousands of objects that live for milliseconds
     (Genkit's and pydantic's models, SQL rows, JSON); at 700, collections ran every few
     hundred microseconds of work and promoted many of them while still in use, to be walked
-    again by the costlier older collections. bench/bot.py, three alternating pairs (issue
-    23): garbage collection 2.75 / 3.72 / 3.70 ms of pauses a conversation at 700, 1.06 /
-    1.10 / 1.32 at 10,000; the longest pause under saturation 78 / 90 / 83 ms against 30 /
-    45 / 61. The older generations keep their thresholds."""
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(YOUNG, middle, old)
+    again by the costlier older collections. The older ones then come as often, counted in
+    allocations, as before (3 x 10,000 against 10 x 700, roughly): collected less often,
+    the cyclic garbage that reaches them stayed longer and the heap grew (RSS after 2,000
+    conversations 1.099x RSS after 200 with 10,000, 10, 10; 1.056x at the defaults and
+    with these). bench/bot.py, alternating (issue 23, a noisy machine): collector pauses
+    4.02 / 3.79 ms a conversation at the defaults, 1.92 / 1.75 with these; the longest
+    under saturation 96 / 95 ms against 55 / 51."""
+    gc.set_threshold(*THRESHOLDS)
