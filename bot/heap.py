@@ -1,6 +1,6 @@
 """The garbage collector: paused while start-up builds what lasts as long as the process, that
-heap kept out of every later collection once it is built, and the young generation sized
-for a service's short-lived objects once it serves."""
+heap kept out of every later collection once it is built, and the generations sized for a
+service's short-lived objects once it serves."""
 
 from __future__ import annotations
 
@@ -45,11 +45,11 @@ def serving() -> None:
     A conversation allocates tens of thousands of objects that live for milliseconds
     (Genkit's and pydantic's models, SQL rows, JSON); at 700, collections ran every few
     hundred microseconds of work and promoted many of them while still in use, to be walked
-    again by the costlier older collections. The older ones then come as often, counted in
-    allocations, as before (3 x 10,000 against 10 x 700, roughly): collected less often,
-    the cyclic garbage that reaches them stayed longer and the heap grew (RSS after 2,000
-    conversations 1.099x RSS after 200 with 10,000, 10, 10; 1.056x at the defaults and
-    with these). bench/bot.py, alternating (issue 23, a noisy machine): collector pauses
+    again by the costlier older collections. Full collections still come about as often,
+    counted in allocations (every 3 x 3 x 10,000 against 10 x 10 x 700): collected less
+    often, the cyclic garbage that reaches the oldest stayed longer and the heap grew (RSS
+    after 2,000 conversations 1.099x RSS after 200 with 10,000 / 10 / 10; 1.056x at the
+    defaults and with these). bench/bot.py, alternating (issue 23, a noisy machine): collector pauses
     4.02 / 3.79 ms a conversation at the defaults, 1.92 / 1.75 with these; the longest
     under saturation 96 / 95 ms against 55 / 51."""
     gc.set_threshold(*THRESHOLDS)
