@@ -49,7 +49,7 @@ def serving() -> None:
     counted in allocations (every 3 x 3 x 10,000 against 10 x 10 x 700): collected less
     often, the cyclic garbage that reaches the oldest stayed longer and the heap grew (RSS
     after 2,000 conversations 1.099x RSS after 200 with 10,000 / 10 / 10; 1.056x at the
-    defaults and with these). bench/bot.py, alternating (issue 23, a noisy machine): collector pauses
-    4.02 / 3.79 ms a conversation at the defaults, 1.92 / 1.75 with these; the longest
-    under saturation 96 / 95 ms against 55 / 51."""
+    defaults and with these). bench/bot.py, alternating (issue 23, a noisy machine):
+    collector pauses 4.02 / 3.79 ms a conversation at the defaults, 1.92 / 1.75 with
+    these; the longest under saturation 96 / 95 ms against 55 / 51."""
     gc.set_threshold(*THRESHOLDS)
