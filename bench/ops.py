@@ -43,6 +43,7 @@ from genkit.exp import (
 )
 from genkit.model import ModelRequest, ModelResponse
 from genkit_middleware import ToolApproval
+from sqlalchemy.pool import NullPool
 
 from agent.assemble import build_workflow
 from agent.clock import utc_now
@@ -51,6 +52,7 @@ from agent.outcomes import AwaitingApproval
 from agent.policy import ApproverFacts, PolicyDefaults
 from agent.runtime import AgentConfig
 from bench.database import temporary_database
+from bench.harness import postgres_cpu
 from storage import rows, turns
 from storage.db import SessionFactory, autocommit, make_engine, make_session_factory
 from storage.domain import Approval, Card, PausedTurn, Request, Thread
@@ -141,14 +143,29 @@ async def run(database_url: str | None = None, n: int = 200) -> dict[str, Any]:
             async with engine.connect() as conn:
                 await conn.exec_driver_sql("SELECT 1")
 
+        fresh = make_engine(url, poolclass=NullPool)
+
+        async def new_connection(i: int) -> None:
+            async with fresh.connect() as conn:
+                await conn.exec_driver_sql("SELECT 1")
+
         steps: dict[str, Callable[[int], Awaitable[Any]]] = {
             "engine.connect + SELECT 1 (the floor)": select_1,
+            "a new connection + SELECT 1 (what a pool's overflow costs)": new_connection,
             "limits.admit of an event (dedup insert + count)": seen_event,
             "workflow.approval (approval + turn + conversation)": approval,
             "policies.get": policy,
         }
         for name, step in steps.items():
             results[name] = await cpu_ms(step, n)
+        pg_before = postgres_cpu()  # None unless PostgreSQL runs on this machine
+        for i in range(n):
+            await new_connection(i)
+        if pg_before is not None and (pg_after := postgres_cpu()) is not None:
+            results["a new connection + SELECT 1 (what a pool's overflow costs)"][
+                "postgres_cpu_ms"
+            ] = round((pg_after - pg_before) * 1000 / n, 3)
+        await fresh.dispose()
 
         start_ids: dict[int, AwaitingApproval] = {}
 
@@ -215,9 +232,10 @@ async def run(database_url: str | None = None, n: int = 200) -> dict[str, Any]:
         )
     out = {"n": n, "steps": results, "summary": summary}
     width = max(len(k) for k in results) + 2
-    print(f"{'step (in process, sequential)':<{width}}{'CPU ms':>9}{'wall ms':>9}")
+    print(f"{'step (in process, sequential)':<{width}}{'CPU ms':>9}{'wall ms':>9}{'PG CPU':>9}")
     for name, r in results.items():
-        print(f"{name:<{width}}{r['cpu_ms']:>9.2f}{r['wall_ms']:>9.2f}")
+        pg = f"{r['postgres_cpu_ms']:>9.2f}" if "postgres_cpu_ms" in r else ""
+        print(f"{name:<{width}}{r['cpu_ms']:>9.2f}{r['wall_ms']:>9.2f}{pg}")
     print(json.dumps(summary))
     RESULTS.write_text(json.dumps(out, indent=2) + "\n")
     return out

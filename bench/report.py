@@ -6,6 +6,8 @@ from typing import Any
 
 from bench.harness import JSON
 
+NEW_CONN = "new_connections"  # opened while measuring: a pool that overflows under load
+
 
 def _get(d: Any, *path: str) -> Any:
     for key in path:
@@ -149,6 +151,15 @@ def table(result: JSON) -> str:
     row("  and the timers' meanwhile", "saturation", "per_conversation", "sql", "timer_statements")
     row("SQL transactions / conversation", "saturation", "per_conversation", "sql", "transactions")
     row("SQL round trips / conv (est.)", "saturation", "per_conversation", "sql", "round_trips_est")
+    row(
+        "new DB connections / conv (50)",
+        "levels",
+        "50",
+        "per_conversation",
+        "sql",
+        "new_connections",
+    )
+    row("  at saturation", "saturation", "per_conversation", "sql", NEW_CONN)
     row("SQL time ms / conv (1 conv)", "levels", "1", "per_conversation", "sql", "statement_ms")
     row(
         "GC pause ms / conversation",

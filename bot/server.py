@@ -100,11 +100,17 @@ class Service:
         self._clock = clock
         self._ping_interval = socket_ping_interval
         self.port: int | None = None
-        # Connections kept open: past them, each burst opens (and the pool later closes)
-        # one per extra request, which costs both sides far more than the statements.
         if settings.DATABASE_URL is None:
             raise ConfigError(["DATABASE_URL is not set (serve() starts the embedded server)"])
-        self._engine = make_engine(settings.DATABASE_URL, pool_size=settings.DATABASE_POOL_SIZE)
+        # A fixed pool: past it, a statement waits for a connection (a millisecond or so)
+        # rather than opening one that is closed again when it comes back. A new connection
+        # costs the bot ~2.8 ms of CPU and PostgreSQL ~5 ms, and its statements are prepared
+        # and planned again; with 10 for bursts that was 0.2 a conversation at 50 at once and
+        # 0.08 at saturation (docs/contributors.md, Performance). Nothing holds a connection
+        # while it waits for another, so a full pool only queues.
+        self._engine = make_engine(
+            settings.DATABASE_URL, pool_size=settings.DATABASE_POOL_SIZE, max_overflow=0
+        )
         # /healthz has a connection of its own, outside the pool: a pool that busy work
         # exhausted would make it wait (30 s) for one, not tell whether the database answers.
         # Kept open, so a server at max_connections still answers it.

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 from multidict import CIMultiDict
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from bot.server import Service
 from bot.settings import ConfigError
@@ -343,6 +343,35 @@ async def test_twenty_concurrent_approvals_run_the_tool_once(
     assert info.card is not None and info.card.ts is not None
     final = json.dumps(fake_slack.messages[info.card.ts]["blocks"])
     assert f"Approved by <@{decider}>" in final and '"approval"' not in final
+
+
+@pytest.mark.parametrize("service_overrides", [{"DATABASE_POOL_SIZE": 2}])
+async def test_more_conversations_than_connections_queue_for_the_pool(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """Six conversations at once on a pool of two: each statement waits its turn for a
+    connection (none is held while another is awaited), and no third one is ever opened."""
+    used: set[int] = set()  # the pool's connections that statements were given
+    pool = service._engine.sync_engine.pool
+    event.listen(pool, "checkout", lambda _conn, record, _proxy: used.add(id(record)))
+    people = [f"UEMP{i}" for i in range(6)]
+    for _ in people:
+        gemini.script(function_call("transferMoney", TRANSFER, id="call-1"))
+    threads = {person: new_ts() for person in people}
+    sent = await asyncio.gather(
+        *(client.dm(team, person, "send 500 to 12345", ts=ts) for person, ts in threads.items())
+    )
+    assert [status for status, _ in sent] == [200] * 6
+    cards = await fake_slack.wait_for("chat.postMessage", count=6, predicate=in_channel(APPROVERS))
+    for _ in people:
+        gemini.script(text("Sent."))
+    clicked = await asyncio.gather(*(client.click(team, BOSS, "approve", c) for c in cards))
+    assert [status for status, _ in clicked] == [200] * 6
+    answers = await asyncio.gather(*(reply_in_thread(fake_slack, ts) for ts in threads.values()))
+    assert [text_of(a) for a in answers] == ["Sent."] * 6
+    await settle(service)
+    assert len(ledger_tools.entries()) == 6  # each approved call ran, once
+    assert len(used) <= 2
 
 
 # -- events ----------------------------------------------------------------------------------
