@@ -8,6 +8,7 @@ for the service's own in-flight work before a test counts what did *not* happen.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -372,6 +373,26 @@ async def test_more_conversations_than_connections_queue_for_the_pool(
     await settle(service)
     assert len(ledger_tools.entries()) == 6  # each approved call ran, once
     assert len(used) <= 2
+
+
+@pytest.mark.parametrize("service_overrides", [{"DATABASE_POOL_SIZE": 4}])
+async def test_one_conversation_at_a_time_keeps_to_the_last_used_connections(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+) -> None:
+    """After a burst filled the pool, one conversation's statements go to the connection
+    used last (warm: its statements prepared and planned), not to each of the pool's."""
+    engine = service._engine
+    async with contextlib.AsyncExitStack() as burst:  # the pool's four, all opened
+        for _ in range(4):
+            await burst.enter_async_context(engine.connect())
+    used: set[int] = set()
+    event.listen(engine.sync_engine.pool, "checkout", lambda _c, rec, _p: used.add(id(rec)))
+    asked = await ask(client, fake_slack, gemini, team)
+    gemini.script(text("Sent."))
+    assert (await client.click(team, BOSS, "approve", asked.card))[0] == 200
+    assert text_of(await reply_in_thread(fake_slack, asked.thread_ts)) == "Sent."
+    await settle(service)
+    assert len(used) <= 2  # the conversation's, and at most one a timer took meanwhile
 
 
 # -- events ----------------------------------------------------------------------------------
