@@ -101,6 +101,7 @@ class SqlStats:
         self.gc_seconds = [0.0, 0.0, 0.0]
         self.gc_longest = [0.0, 0.0, 0.0]
         self._gc_started = 0.0
+        self._names: dict[str, tuple[str, str]] = {}  # a statement's text: (verb, kind)
 
     def install(self) -> None:
         event.listen(Engine, "before_cursor_execute", self._before)
@@ -135,22 +136,34 @@ class SqlStats:
         self.gc_seconds[generation] += took
         self.gc_longest[generation] = max(self.gc_longest[generation], took)
 
-    def _before(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        conn.info.setdefault("bench_started", []).append(time.perf_counter())
-        verb = statement.lstrip().split(None, 1)[0].upper() if statement.strip() else "?"
+    def _named(self, statement: str) -> tuple[str, str]:
+        """(verb, kind) of a statement, worked out once per text: the counters run on every
+        statement of the service under measurement, so what they cost is charged to it."""
+        named = self._names.get(statement)
+        if named is None:
+            verb = statement.lstrip().split(None, 1)[0].upper() if statement.strip() else "?"
+            named = self._names[statement] = (verb, _kind(statement))
+        return named
+
+    def _before(
+        self, conn: Any, cursor: Any, statement: str, _params: Any, context: Any, *_: Any
+    ) -> None:
+        context.bench_started = time.perf_counter()  # the statement's own execution context
         if _on_timer():
             self.timer_statements += 1
         else:
-            self.statements[verb] += 1
+            self.statements[self._named(statement)[0]] += 1
         if self.trace is not None:
             self.trace.append((time.perf_counter(), " ".join(statement.split())[:160]))
 
-    def _after(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        started = conn.info.get("bench_started")
-        if started:
-            took = time.perf_counter() - started.pop()
+    def _after(
+        self, conn: Any, cursor: Any, statement: str, _params: Any, context: Any, *_: Any
+    ) -> None:
+        started = getattr(context, "bench_started", None)
+        if started is not None:
+            took = time.perf_counter() - started
             self.statement_seconds += took
-            kind = _kind(statement)
+            kind = self._named(statement)[1]
             self.kinds[kind] += 1
             self.kind_seconds[kind] += took
 
