@@ -9,6 +9,8 @@ step the bot takes per conversation is timed in a loop by process CPU time
 PostgreSQL, with a model that answers in-process (no HTTP) and no Slack at all:
 
 - the storage reads and writes the listeners and the workflow make, one by one;
+- a new connection against a pooled one, with PostgreSQL's CPU for it (read from /proc when
+  the server runs on this machine): what a pool that overflows under load pays each time;
 - the agent's two turns through Workflow (start_turn + decide + continue_turn), and the
   same two turns through a bare Genkit agent (InMemorySessionStore, stock ToolApproval),
   so the difference is what the database work costs;

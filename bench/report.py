@@ -151,14 +151,7 @@ def table(result: JSON) -> str:
     row("  and the timers' meanwhile", "saturation", "per_conversation", "sql", "timer_statements")
     row("SQL transactions / conversation", "saturation", "per_conversation", "sql", "transactions")
     row("SQL round trips / conv (est.)", "saturation", "per_conversation", "sql", "round_trips_est")
-    row(
-        "new DB connections / conv (50)",
-        "levels",
-        "50",
-        "per_conversation",
-        "sql",
-        "new_connections",
-    )
+    row("new DB connections / conv (50)", "levels", "50", "per_conversation", "sql", NEW_CONN)
     row("  at saturation", "saturation", "per_conversation", "sql", NEW_CONN)
     row("SQL time ms / conv (1 conv)", "levels", "1", "per_conversation", "sql", "statement_ms")
     row(

@@ -104,10 +104,11 @@ class Service:
             raise ConfigError(["DATABASE_URL is not set (serve() starts the embedded server)"])
         # A fixed pool: past it, a statement waits for a connection (a millisecond or so)
         # rather than opening one that is closed again when it comes back. A new connection
-        # costs the bot ~2.8 ms of CPU and PostgreSQL ~5 ms, and its statements are prepared
-        # and planned again; with 10 for bursts that was 0.2 a conversation at 50 at once and
-        # 0.08 at saturation (docs/contributors.md, Performance). Nothing holds a connection
-        # while it waits for another, so a full pool only queues. Last in, first out: when
+        # costs the bot ~3.8 ms of CPU and PostgreSQL ~5.6 ms (bench/ops.py), and its
+        # statements are prepared and planned again; with 10 for bursts that was 0.2 a
+        # conversation at 50 at once and 0.08 at saturation (docs/contributors.md,
+        # Performance). Nothing holds a connection while it waits for another, so a full
+        # pool only queues. Last in, first out: when
         # few statements run at once they go to the same few connections, whose statements
         # are prepared and planned already and which are not idle long enough to be pinged
         # (storage/db.py), rather than to each of the pool's in turn.
