@@ -68,11 +68,7 @@ class Metrics(Observer):
             buckets=TURN_BUCKETS,
             registry=registry,
         )
-        self._queue = Gauge(
-            "greenlight_queue_depth",
-            "Pieces of work waiting for a slot (MAX_CONCURRENT_TURNS) in this process",
-            registry=registry,
-        )
+        self._queue, self._db_in_use = _process_gauges(registry)
         self._slack_errors = Counter(
             "greenlight_slack_api_errors_total",
             "Error answers of Slack's Web API (each attempt), by method and error",
@@ -114,6 +110,9 @@ class Metrics(Observer):
     def queue_depth_from(self, depth: Callable[[], int]) -> None:
         self._queue.set_function(depth)
 
+    def db_connections_from(self, in_use: Callable[[], int]) -> None:
+        self._db_in_use.set_function(in_use)
+
     def known_tools(self, tools: Iterable[str]) -> None:
         """Tools reported as 0 pending when none of their requests waits."""
         self._tools.update(tools)
@@ -132,3 +131,20 @@ class Metrics(Observer):
             for tool in self._tools:
                 self._pending.labels(tool).set(counts.get(tool, 0))
         return generate_latest(self.registry)
+
+
+def _process_gauges(registry: CollectorRegistry) -> tuple[Gauge, Gauge]:
+    """The gauges of this process's own limits, read at scrape time: the work queue and
+    the database pool (each full means work waits)."""
+    queue = Gauge(
+        "greenlight_queue_depth",
+        "Pieces of work waiting for a slot (MAX_CONCURRENT_TURNS) in this process",
+        registry=registry,
+    )
+    db_in_use = Gauge(
+        "greenlight_db_connections_in_use",
+        "Database connections of this process's pool in use now (DATABASE_POOL_SIZE at most: "
+        "a statement past them waits for one)",
+        registry=registry,
+    )
+    return queue, db_in_use

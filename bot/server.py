@@ -60,7 +60,7 @@ with heap.building():
     from gateway.sweep import GatewaySweep
     from storage import embedded
     from storage.approval_store import ApprovalStore
-    from storage.db import make_engine, make_session_factory
+    from storage.db import connections_in_use, make_engine, make_session_factory
     from storage.gateway_store import GatewayStore
 
 if TYPE_CHECKING:
@@ -159,6 +159,7 @@ class Service:
         self._mcp = mcp = McpConnections(mcp_servers(s, policy_file), policy_file)
         background = Background(limit=s.MAX_CONCURRENT_TURNS, queue=s.MAX_QUEUED_TURNS)
         self.metrics.queue_depth_from(lambda: background.waiting)
+        self.metrics.db_connections_from(connections_in_use(self._engine))
         workflow = self._workflow(policy_file, background, mcp.servers)
         self.deps = deps = self._deps(workflow, background)
         self.metrics.known_tools(workflow.policies.known_tools())

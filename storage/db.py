@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sqlalchemy import event, exc
@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.pool import QueuePool
 
 SessionFactory = async_sessionmaker[AsyncSession]
 # What statements run on: a Core connection (`autocommit`), or an ORM session's transaction.
@@ -55,6 +56,12 @@ def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
                 raise exc.DisconnectionError("ping failed") from error
 
     return engine
+
+
+def connections_in_use(engine: AsyncEngine) -> Callable[[], int]:
+    """How many of the engine's pooled connections are checked out now (for a gauge)."""
+    pool = engine.sync_engine.pool
+    return pool.checkedout if isinstance(pool, QueuePool) else lambda: 0
 
 
 def make_session_factory(engine: AsyncEngine) -> SessionFactory:

@@ -199,6 +199,12 @@ async def test_healthz_does_not_wait_for_an_exhausted_pool(
             ]
             assert len(held) == limit
             status, took = await timed_get(svc, "/healthz")
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(f"http://127.0.0.1:{svc.port}/metrics") as response,
+            ):
+                in_use = Scrape(await response.text()).value("greenlight_db_connections_in_use")
     finally:
         await svc.stop()
     assert status == 200 and took < 3.5  # the database answers; the pool is not asked
+    assert in_use == limit  # what an operator sees when statements wait for a connection
