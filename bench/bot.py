@@ -1,6 +1,6 @@
 """Bot benchmark: the real service over HTTP, against a fake Slack and a fake Gemini on loopback.
 
-    python -m bench.bot [--database-url URL] [--quick] [--target both|ours|baseline]
+    python -m bench.bot [--database-url URL] [--quick] [--target both|ours|baseline] [--pairs N]
     python -m bench.bot --profile py-spy|cprofile
 
 The service runs as a subprocess (`python -m bench.serve`: the very Service `python -m bot`
@@ -23,7 +23,9 @@ in this order:
   4. 100 concurrent Approve clicks on one card: executions (must be 1) and click latency
      (bench/contention.py).
 This module sets each bot up and runs the phases; bench/report.py checks the targets and
-renders the table.
+renders the table. Both bots are run PAIRS times, alternating (Greenlight, the bare bot,
+Greenlight, ...), and each figure is the median of its runs: this VM's speed drifts by a
+quarter from minute to minute, which would otherwise move a ratio as much as a change does.
 
 Without --database-url a temporary PostgreSQL database is created on 127.0.0.1:5432, migrated
 and dropped at the end. Results: a table on stdout, JSON in bench/results-bot.json.
@@ -69,7 +71,7 @@ from bench.harness import (
     ServiceProcess,
 )
 from bench.latency import detailed_trace, level
-from bench.report import ratios, table, targets
+from bench.report import median_of, ratios, table, targets
 from bench.throughput import saturation
 from tests.fakes.gemini import FakeGemini
 from tests.fakes.slack_api import FakeSlack
@@ -283,6 +285,7 @@ def _cpu(sat: JSON) -> float | None:
 
 MEMORY_AT = (200, 2000)  # conversations after which the service's RSS is read
 FILES_PLAN_LEVELS = ((1, 20), (50, 2))
+PAIRS = 2  # runs of each bot, alternating; each figure the median of its runs
 FILES_PAIRS = 2
 
 
@@ -366,9 +369,11 @@ async def run(
     quick: bool = False,
     target: str = "both",
     profile: str | None = None,
+    pairs: int = PAIRS,
 ) -> JSON:
     """Run every phase against Greenlight and/or the baseline (`target`: both, ours,
-    baseline); print the table and write bench/results-bot.json."""
+    baseline), both `pairs` times in turn (once when profiling or running one); print the
+    table and write bench/results-bot.json."""
     plan = QUICK if quick else FULL
 
     def log(message: str) -> None:
@@ -386,19 +391,27 @@ async def run(
             "percentiles": "linear interpolation; p99 of n<100 samples is near the max",
         }
     }
+    pairs = pairs if target == "both" and profile is None else 1
+    runs: dict[str, list[JSON]] = {"greenlight": [], "baseline": []}
     with _spawn_pool() as pool:
         await asyncio.get_running_loop().run_in_executor(pool, _load.ping)
-        if target in ("both", "ours"):
-            async with temporary_database(database_url) as url:
-                result["greenlight"] = await bench_target(
-                    "greenlight", "bench.serve", plan, database_url=url, pool=pool,
-                    profile=profile, log=log,
-                )  # fmt: skip
-        if target in ("both", "baseline"):
-            result["baseline"] = await bench_target(
-                "baseline", "bench.baseline", plan, database_url=None, pool=pool,
-                profile="pyinstrument" if profile == "pyinstrument" else None, log=log,
-            )  # fmt: skip
+        for _ in range(pairs):
+            if target in ("both", "ours"):
+                async with temporary_database(database_url) as url:
+                    runs["greenlight"].append(await bench_target(
+                        "greenlight", "bench.serve", plan, database_url=url, pool=pool,
+                        profile=profile, log=log,
+                    ))  # fmt: skip
+            if target in ("both", "baseline"):
+                runs["baseline"].append(await bench_target(
+                    "baseline", "bench.baseline", plan, database_url=None, pool=pool,
+                    profile="pyinstrument" if profile == "pyinstrument" else None, log=log,
+                ))  # fmt: skip
+        result |= {name: median_of(got) for name, got in runs.items() if got}
+        if pairs > 1:
+            result["ratios_by_pair"] = [
+                ratios(ours, base) for ours, base in zip(*runs.values(), strict=True)
+            ]
         if target == "both" and profile is None:
             async with temporary_database(database_url) as url:
                 mem = await bench_target(
@@ -460,9 +473,23 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="extra environment for the bot under test (an experiment, e.g. BENCH_UVLOOP=1)",
     )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=PAIRS,
+        help=f"runs of both bots, alternating; each figure is the median (default {PAIRS})",
+    )
     args = parser.parse_args()
     SERVICE_ENV.update(item.split("=", 1) for item in args.service_env)
-    asyncio.run(run(args.database_url, quick=args.quick, target=args.target, profile=args.profile))
+    asyncio.run(
+        run(
+            args.database_url,
+            quick=args.quick,
+            target=args.target,
+            profile=args.profile,
+            pairs=max(1, args.pairs),
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable
 from typing import Any
 
 from bench.harness import JSON
 
+# The ratios whose targets the issue sets, shown pair by pair.
+HEADLINE = (
+    "service_cpu_per_conversation",
+    "throughput",
+    "message_to_card_ms_p50@1",
+    "click_to_reply_ms_p50@1",
+    "message_to_card_ms_p99@50",
+    "click_to_reply_ms_p99@50",
+)
 NEW_CONN = "new_connections"  # opened while measuring: a pool that overflows under load
 
 
@@ -88,6 +99,37 @@ def targets(
         },
         "contention_click_p99_le_200ms": check(_get(cont, "click_ms", "p99"), 200),
     } | relative
+
+
+# Counts of what went right or wrong: the worst run's, never a median (one run of two that
+# ran a tool twice must show).
+WORST: dict[str, Callable[[list[float]], float]] = {
+    "tool_runs_ledger": max,
+    "execution_started_audited": max,
+    "replies_in_thread": max,
+    "failures": max,
+    "stray_slack_posts": max,
+    "completed": min,
+    "acked_200": min,
+    "cards_posted": min,
+}
+
+
+def median_of(runs: list[Any], pick: Callable[[list[float]], float] | None = None) -> Any:
+    """Runs of the same phases merged: each number the median of the runs' (for two, their
+    mean), a count in WORST the worst run's, anything else (a timeline, a trace, a label)
+    the first run's."""
+    first = runs[0]
+    if isinstance(first, dict):
+        keys = dict.fromkeys(k for r in runs if isinstance(r, dict) for k in r)
+        return {
+            k: median_of([r[k] for r in runs if isinstance(r, dict) and k in r], WORST.get(k, pick))
+            for k in keys
+        }
+    numbers = [r for r in runs if isinstance(r, int | float) and not isinstance(r, bool)]
+    if numbers and len(numbers) == len(runs):
+        return (pick or statistics.median)(numbers)
+    return first
 
 
 def ratios(ours: JSON, base: JSON) -> JSON:
@@ -216,6 +258,12 @@ def table(result: JSON) -> str:
                 f"  {name:<28} with {fmt(got['with'])}  without {fmt(got['without'])}"
                 f"  x{fmt(got['ratio'])}"
             )
+    by_pair = result.get("ratios_by_pair")
+    if by_pair:
+        lines.append("")
+        lines.append(f"ratios of each pair run in turn ({len(by_pair)}; the table: medians):")
+        for name in HEADLINE:
+            lines.append(f"  {name:<34} " + "  ".join(fmt(p.get(name)) for p in by_pair))
     trace = ours.get("trace")
     if trace:
         lines.append("")
