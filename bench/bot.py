@@ -42,6 +42,7 @@ import math
 import multiprocessing
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -324,8 +325,8 @@ async def files_comparison(
 
     def median(kind: str, lv: str, metric: str) -> float | None:
         values = [r.get(lv, {}).get(metric, {}).get("p50") for r in runs[kind]]
-        found = sorted(v for v in values if isinstance(v, int | float))
-        return found[len(found) // 2] if found else None
+        found = [v for v in values if isinstance(v, int | float)]
+        return statistics.median(found) if found else None  # of two: their mean, not the larger
 
     out: JSON = {}
     for lv, _ in FILES_PLAN_LEVELS:
