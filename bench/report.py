@@ -117,9 +117,13 @@ WORST: dict[str, Callable[[list[float]], float]] = {
 
 def median_of(runs: list[Any], pick: Callable[[list[float]], float] | None = None) -> Any:
     """Runs of the same phases merged: each number the median of the runs' (for two, their
-    mean), a count in WORST the worst run's, anything else (a timeline, a trace, a label)
-    the first run's."""
+    mean), a count in WORST the worst run's, the service's log whole (its levels' largest
+    counts, every run's problems), anything else (a timeline, a trace, a label) the first
+    run's."""
     first = runs[0]
+    if isinstance(first, dict) and "problems" in first:  # the service's log: all of it
+        levels = median_of([r.get("levels", {}) for r in runs], max)
+        return {"levels": levels, "problems": [p for r in runs for p in r.get("problems", [])]}
     if isinstance(first, dict):
         keys = dict.fromkeys(k for r in runs if isinstance(r, dict) for k in r)
         return {

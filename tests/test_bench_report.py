@@ -35,6 +35,13 @@ def test_what_went_wrong_in_any_run_shows() -> None:
     }
     failures = median_of([{"failures": {}}, {"failures": {"card": 2}}, {"failures": {"card": 1}}])
     assert failures == {"failures": {"card": 2}}
+    logs = median_of(
+        [
+            {"service_log": {"levels": {"INFO": 9}, "problems": []}},
+            {"service_log": {"levels": {"INFO": 7, "ERROR": 1}, "problems": ["Traceback ..."]}},
+        ]
+    )
+    assert logs["service_log"] == {"levels": {"INFO": 9, "ERROR": 1}, "problems": ["Traceback ..."]}
 
 
 def test_the_ratios_are_those_of_the_medians() -> None:
