@@ -132,7 +132,9 @@ def median_of(runs: list[Any], pick: Callable[[list[float]], float] | None = Non
         }
     numbers = [r for r in runs if isinstance(r, int | float) and not isinstance(r, bool)]
     if numbers and len(numbers) == len(runs):
-        return (pick or statistics.median)(numbers)
+        merged = (pick or statistics.median)(numbers)
+        whole = all(isinstance(n, int) for n in numbers) and merged == int(merged)
+        return int(merged) if whole else merged  # a count stays a count: 100, not 100.0
     return first
 
 

@@ -19,6 +19,7 @@ def test_each_figure_is_the_median_of_its_runs_and_the_rest_the_first_runs() -> 
         "trace": "x",  # in one run only: as it is
     }
     assert median_of([{"n": 3}, {"n": 4}]) == {"n": 3.5}  # two runs: their mean
+    assert repr(median_of([{"n": 100}, {"n": 100}])) == "{'n': 100}"  # a count stays one
     assert median_of([{"n": 3}, {"n": None}]) == {"n": 3}  # a missing figure: not averaged
 
 
