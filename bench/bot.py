@@ -42,7 +42,6 @@ import math
 import multiprocessing
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -323,15 +322,16 @@ async def files_comparison(
                     )  # fmt: skip
                 runs[kind].append(got.get("levels", {}))
 
-    def median(kind: str, lv: str, metric: str) -> float | None:
-        values = [r.get(lv, {}).get(metric, {}).get("p50") for r in runs[kind]]
-        found = [v for v in values if isinstance(v, int | float)]
-        return statistics.median(found) if found else None  # of two: their mean, not the larger
+    merged = {kind: median_of(got) for kind, got in runs.items()}  # of two: their mean
+
+    def p50(kind: str, lv: str, metric: str) -> float | None:
+        value = merged[kind].get(lv, {}).get(metric, {}).get("p50")
+        return value if isinstance(value, int | float) else None
 
     out: JSON = {}
     for lv, _ in FILES_PLAN_LEVELS:
         for metric in ("message_to_card_ms", "click_to_reply_ms"):
-            a, b = median("with", str(lv), metric), median("without", str(lv), metric)
+            a, b = p50("with", str(lv), metric), p50("without", str(lv), metric)
             out[f"{metric}_p50@{lv}"] = {
                 "with": a,
                 "without": b,

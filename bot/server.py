@@ -108,10 +108,10 @@ class Service:
         # statements are prepared and planned again; with 10 for bursts that was 0.2 a
         # conversation at 50 at once and 0.08 at saturation (docs/contributors.md,
         # Performance). Nothing holds a connection while it waits for another, so a full
-        # pool only queues. Last in, first out: when
-        # few statements run at once they go to the same few connections, whose statements
-        # are prepared and planned already and which are not idle long enough to be pinged
-        # (storage/db.py), rather than to each of the pool's in turn.
+        # pool only queues. Last in, first out: when few statements run at once they go to
+        # the same few connections, whose statements are prepared and planned already and
+        # which are not idle long enough to be pinged (storage/db.py), rather than to each
+        # of the pool's in turn.
         self._engine = make_engine(
             settings.DATABASE_URL,
             pool_size=settings.DATABASE_POOL_SIZE,
