@@ -132,11 +132,14 @@ async def bench_target(
     log: Callable[[str], None],
     phases: str = "all",
     env: dict[str, str] | None = None,
+    latency: tuple[float, float] = (0.0, 0.0),
 ) -> JSON:
     """Every phase against one bot (`bench.serve` or `bench.baseline`).
 
     `phases`: "all"; "latency" (warm-up and the levels only: the file-tools comparison);
     "memory" (RSS after MEMORY_AT conversations at saturation, in a fresh service).
+
+    `latency`: seconds each Slack call and each model call take to answer (bench/latencies.py).
 
     `profile`: "py-spy" samples the service during saturation (and traces one conversation's
     SQL); "cprofile" runs the service under cProfile and only warms up, traces one
@@ -162,9 +165,10 @@ async def bench_target(
             extra["BENCH_CPROFILE"] = str(CPROFILE_OUT)
         slack = FakeSlack()
         slack.channels[APPROVERS] = {"is_private": True}  # the bot refuses a public one
+        slack.delays["*"] = latency[0]
         await slack.start()
         observer = Observer(slack)
-        gemini = LoopbackGemini(observer.note)
+        gemini = LoopbackGemini(observer.note, delay=latency[1])
         await gemini.__aenter__()
         service = ServiceProcess(name, module, _env(slack, gemini, extra), stats_file)
         connector = aiohttp.TCPConnector(limit=0)

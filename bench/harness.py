@@ -140,12 +140,14 @@ def model_reply(body: JSON) -> fg.Reply:
 
 
 class LoopbackGemini(FakeGemini):
-    """FakeGemini at zero latency with a reply function that never runs out."""
+    """FakeGemini with a reply function that never runs out, at zero latency unless told
+    (`delay`: seconds before each answer starts, a real model's thinking)."""
 
-    def __init__(self, on_request: Callable[[str], None]) -> None:
+    def __init__(self, on_request: Callable[[str], None], *, delay: float = 0.0) -> None:
         super().__init__()
         self._script = _Forever([model_reply])
         self._on_request = on_request
+        self._delay = delay
         self.generated = 0
 
     async def _generate(
@@ -154,6 +156,8 @@ class LoopbackGemini(FakeGemini):
         self.generated += 1
         self._on_request("gemini.generate")
         self.requests.clear()  # nothing reads them; keep memory flat
+        if self._delay:
+            await asyncio.sleep(self._delay)
         return await super()._generate(request, rec, stream=stream)
 
 

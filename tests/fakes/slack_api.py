@@ -131,7 +131,8 @@ class FakeSlack:
         self.homes: dict[str, list[JSON]] = {}  # views.publish: each user's Home views, in order
         self._streaming: set[str] = set()
         self._faults: dict[str, deque[_Fault]] = {}
-        self.delays: dict[str, float] = {}  # seconds a method takes to answer (latency)
+        # Seconds a method takes to answer (latency); "*": every method not named.
+        self.delays: dict[str, float] = {}
         self._ticks = ts_start * 1_000_000
         self._views = 0
         self._cond = asyncio.Condition()
@@ -322,7 +323,8 @@ class FakeSlack:
         return response
 
     async def _api(self, request: web.Request) -> web.Response:
-        if delay := self.delays.get(request.match_info["method"]):
+        method = request.match_info["method"]
+        if delay := self.delays.get(method, self.delays.get("*")):
             await asyncio.sleep(delay)  # Slack being slow, as a test asked
 
         def answer(call: Call) -> web.Response:
