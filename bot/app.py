@@ -109,8 +109,14 @@ def configure(
     *,
     outside: Outside = contextlib.nullcontext,
 ) -> AsyncWebClient:
-    """`client`, retrying dropped connections, 429s per Retry-After (waited out in
-    `outside`), and 500/503; every error answer goes to `errors` (bot/metrics.py).
+    """`client`, retrying dropped connections, 429s per Retry-After, and 500/503; every
+    error answer goes to `errors` (bot/metrics.py). Every call, and every wait for a 429,
+    waits for Slack in `outside` (bot/background.py): a slow answer gives the work's slot to
+    other work meanwhile, as a model call does. With each Slack call taking 100 ms and each
+    model call 800, and more conversations at once than MAX_CONCURRENT_TURNS, the later ones
+    otherwise waited for slots held by calls in flight (`python -m bench.latencies`, two
+    runs, against the bare bot's 1,106 / 1,065 and 1,562 / 1,462 ms): message → card p99 at
+    10 at once 1,426 / 1,405 ms, now 1,158 / 1,175; at 50, 3,285 / 3,054, now 2,319 / 2,181.
 
     A lost approval card strands a request; a duplicate needs Slack to have acted and then
     failed, which is rarer, and the second card's buttons resolve to the same approval.
@@ -123,7 +129,9 @@ def configure(
     if api_url:
         client.base_url = api_url if api_url.endswith("/") else api_url + "/"
     # slack_sdk's own default timeout; it sets none per request on a shared session.
-    client.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+    client.session = aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=30), middlewares=(_waiting_in(outside),)
+    )
     client.retry_handlers = [
         AsyncConnectionErrorRetryHandler(max_retry_count=2),
         RateLimitWait(outside, max_retry_count=3),
@@ -132,6 +140,18 @@ def configure(
     if errors is not None:  # first: the handler that retries stops the others looking
         client.retry_handlers.insert(0, SlackErrors(errors, client.base_url))
     return client
+
+
+def _waiting_in(outside: Outside) -> aiohttp.ClientMiddlewareType:
+    """An aiohttp middleware that waits for the answer's headers in `outside`."""
+
+    async def waiting(
+        request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+    ) -> aiohttp.ClientResponse:
+        async with outside():
+            return await handler(request)
+
+    return waiting
 
 
 def raised_by_us(error: BaseException) -> bool:

@@ -51,7 +51,7 @@ class Background:
 
     def full(self) -> bool:
         """Whether the work begun and not finished (running, waiting for a slot, or waiting
-        outside: on the model, a tool, a rate-limited Slack call) has reached `queue`. New
+        outside: on the model, a tool, Slack) has reached `queue`. New
         requests are then better refused than kept waiting without bound."""
         return self._queue is not None and len(self._tasks) >= self._queue
 
@@ -106,7 +106,7 @@ class Background:
 
     @contextlib.asynccontextmanager
     async def outside(self) -> AsyncIterator[None]:
-        """Wait on something outside this process (the model, a tool) in here: the hook
+        """Wait on something outside this process (the model, a tool, Slack) in here: the hook
         the agent is given at wiring time (agent.scope.Outside).
 
         The slot is given up while any of the piece's tasks waits outside (a turn may call

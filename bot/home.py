@@ -279,10 +279,18 @@ class HomeTabs:
             self._opened[key] = self._now()
         lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
         self._locks[key] = (lock, users + 1)
+        held = False
         try:
-            async with lock:  # one at a time per person: the last built is the last shown
-                await self._publish(client, team, user)
+            # One at a time per person: the last built is the last shown. Waited for without
+            # a work slot: the holder gives its slot up while Slack answers (bot/app.py), and
+            # must find one free when it comes back, not all of them held by its waiters.
+            async with self._background.outside():
+                await lock.acquire()
+                held = True
+            await self._publish(client, team, user)
         finally:
+            if held:
+                lock.release()
             lock, users = self._locks[key]
             if users == 1:
                 del self._locks[key]

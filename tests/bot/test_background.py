@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.app import configure
 from bot.background import Background
+from tests.fakes.slack_api import FakeSlack
 
 
 async def test_at_most_limit_pieces_run_at_once_and_the_rest_wait_in_order() -> None:
@@ -145,3 +149,31 @@ async def test_a_short_wait_outside_keeps_the_slot() -> None:
     background.spawn(next_in_line(), name="next")
     assert await background.drain(5) == 0
     assert steps == ["quick: answered", "next"]
+
+
+async def test_work_waiting_for_a_slow_slack_answer_gives_its_slot_up(
+    fake_slack: FakeSlack,
+) -> None:
+    """Every call of the configured client waits for Slack outside (bot/app.py)."""
+    background = Background(limit=1)
+    client = configure(AsyncWebClient(token="xoxb-test"), fake_slack.base_url,
+                       outside=background.outside)  # fmt: skip
+    fake_slack.delays["chat.postMessage"] = 1.0  # 20 times KEEP_SLOT_FOR
+    steps: list[str] = []
+
+    async def posting() -> None:
+        steps.append("posting: asked Slack")
+        await client.chat_postMessage(channel="C1", text="hello")
+        steps.append("posting: answered")
+
+    async def other() -> None:
+        steps.append("other work")
+
+    try:
+        background.spawn(posting(), name="posting")
+        background.spawn(other(), name="other")
+        assert await background.drain(10) == 0
+    finally:
+        assert client.session is not None
+        await client.session.close()
+    assert steps == ["posting: asked Slack", "other work", "posting: answered"]

@@ -8,6 +8,8 @@ import json
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from bot import home
 from bot.listeners.commands import policy_summary
 from bot.server import Service
@@ -307,3 +309,18 @@ async def test_refreshes_go_to_homes_opened_recently_and_at_most_so_many_a_minut
     tabs.changed(slack, approval)
     await settle(service)
     assert more() == 0
+
+
+@pytest.mark.parametrize("service_overrides", [{"MAX_CONCURRENT_TURNS": 1}])
+async def test_homes_published_one_after_another_share_one_slot_while_slack_is_slow(
+    fake_slack: FakeSlack, team: str, service: Service
+) -> None:
+    """A publish waits for the person's previous one without a work slot: the previous one
+    gave its slot up while Slack answered, and needs one back to finish."""
+    assert service.deps is not None and service.app is not None
+    fake_slack.delays["views.publish"] = 0.5  # 10 times bot.background.KEEP_SLOT_FOR
+    for i in range(2):
+        publish = service.deps.home.publish(service.app.client, team, BOSS)
+        service.deps.background.spawn(publish, name=f"home {i}")
+    await poll(lambda: len(fake_slack.homes.get(BOSS, [])) == 2, "both Homes published")
+    await settle(service)
