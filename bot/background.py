@@ -51,8 +51,8 @@ class Background:
 
     def full(self) -> bool:
         """Whether the work begun and not finished (running, waiting for a slot, or waiting
-        outside: on the model, a tool, Slack) has reached `queue`. New
-        requests are then better refused than kept waiting without bound."""
+        outside: on the model, a tool, Slack) has reached `queue`. New requests are then
+        better refused than kept waiting without bound."""
         return self._queue is not None and len(self._tasks) >= self._queue
 
     def spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
