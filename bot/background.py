@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import heapq
 import itertools
 import logging
 from collections.abc import AsyncIterator, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 KEEP_SLOT_FOR = 0.05  # seconds a piece waits outside before its slot goes to the next
 WIND_DOWN = 5.0  # seconds work cut off at shutdown has to hand back what it held
@@ -162,3 +164,10 @@ class _Work:
 # passing the piece through Genkit's middleware explicitly is not possible, so a context
 # variable it is, private to this module.
 _current: ContextVar[_Work | None] = ContextVar("greenlight_work", default=None)
+
+
+def detached(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """A task of its own, in an empty context: a kept lookup is shared by whoever asks next,
+    and must not keep alive, for as long as it is kept, the context of the conversation that
+    started it (its turn, its piece of background work), nor count as that work's."""
+    return asyncio.get_running_loop().create_task(coro, context=contextvars.Context())

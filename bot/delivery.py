@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,6 +33,7 @@ from agent.workflow import Workflow
 from bot import messages
 from bot.card import approval_card, question_card
 from bot.links import KEPT, Links
+from bot.people import People
 from bot.streaming import ReplyStream, Streams
 from storage.domain import Approval, Thread
 from storage.gateway_store import GATEWAY_CHANNEL
@@ -61,16 +62,12 @@ class Delivery:
         clock: Callable[[], datetime],
         stream_interval: float = 1.0,
         assistant_thread: Callable[[Thread], bool] = lambda thread: False,
-        is_private: Callable[[AsyncWebClient, str], Awaitable[bool]] | None = None,
-        outsider: Callable[[AsyncWebClient, str, str], Awaitable[str | None]] | None = None,
+        people: People | None = None,
     ) -> None:
         self._workflow = workflow
-        # Whether a channel is private (bot/people.py): a card in a public one quotes no
-        # conversation. None: every channel is taken to be private (the demo's).
-        self._is_private = is_private
-        # Whether a requester is a guest or of another organisation (bot/people.py): the
-        # card says so. None: nobody is (the demo's).
-        self._outsider = outsider
+        # Whether a channel is private (a card in a public one quotes no conversation), and a
+        # requester a guest (the card says so). None: all private, no guests (the demo's).
+        self._people = people
         self._clock = clock
         self._stream_interval = stream_interval
         self._assistant_thread = assistant_thread
@@ -451,9 +448,9 @@ class Delivery:
         r, now = approval.request, self._clock()
         description = self._workflow.runtime.describe(r.tool)
         quotes = (
-            self._is_private is None
+            self._people is None
             or channel == approval.thread.channel_id  # the requester's own thread
-            or await self._is_private(client, channel)
+            or await self._people.is_private(client, channel)
         )
         if r.question:
             return question_card(
@@ -474,10 +471,11 @@ class Delivery:
     async def _requester(self, client: AsyncWebClient, approval: Approval) -> str | None:
         """Whether the requester is a guest or of another organisation, for the card; None
         when not, or when Slack cannot say (the card goes out without it)."""
-        if self._outsider is None:
+        if self._people is None:
             return None
         try:
-            return await self._outsider(client, approval.request.requester, approval.thread.team_id)
+            requester, team = approval.request.requester, approval.thread.team_id
+            return await self._people.outsider_kind(client, requester, team)
         except Exception as exc:
             log.warning("no facts on the requester of %s: %r", approval.id, exc)
             return None
@@ -486,9 +484,13 @@ class Delivery:
         """The message's permalink (a thread's, or a card's), asked of Slack once."""
         return await self._links.link(client, thread)
 
-    def warm_link(self, client: AsyncWebClient, thread: Thread) -> None:
-        """Start looking up the thread's link now, off the path of a card that may need it."""
+    def warm(self, client: AsyncWebClient, thread: Thread, user: str) -> None:
+        """Start what a card of a turn `user` starts in `thread` shows, beside the model's
+        call: the thread's link, whether its requester is a guest (users.info, asked for a
+        turn that posts no card too: once a person a minute, bot/people.py CACHE_TTL)."""
         self._links.warm(client, thread)
+        if self._people is not None:
+            self._people.warm(client, user)
 
 
 def _channel(approval: Approval, escalated: bool) -> str:

@@ -11,18 +11,15 @@ kept, as a task, so a lookup started early (`warm`) is shared, not repeated.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
-from collections.abc import Coroutine
-from typing import Any, TypeVar
 
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.background import detached
 from storage.domain import Thread
 from storage.gateway_store import GATEWAY_CHANNEL
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 KEPT = 4096  # links (and, in bot/delivery.py, channel names and cards drawn) this process keeps
 
@@ -61,7 +58,7 @@ class Links:
         if (known := self._permalinks.get(key)) is None:
             if len(self._permalinks) >= KEPT:
                 del self._permalinks[next(iter(self._permalinks))]  # the oldest
-            known = self._permalinks[key] = _detached(self._ask(client, thread, in_thread))
+            known = self._permalinks[key] = detached(self._ask(client, thread, in_thread))
         return known
 
     def _address_known(self) -> str | None:
@@ -76,7 +73,7 @@ class Links:
     ) -> str | None:
         """The link, or None: a card without it still works, so nothing here may fail it."""
         if self._workspace is None:
-            self._workspace = _detached(self._address(client))
+            self._workspace = detached(self._address(client))
         if (base := await asyncio.shield(self._workspace)) is not None:
             return _built(base, thread, in_thread)
         try:
@@ -108,10 +105,3 @@ def _built(base: str, thread: Thread, in_thread: str | None) -> str:
     built = f"{base}archives/{channel}/p{ts.replace('.', '')}"
     reply = in_thread is not None and in_thread != ts
     return built + f"?thread_ts={in_thread}&cid={channel}" if reply else built
-
-
-def _detached(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-    """A task of its own, in an empty context: a kept lookup is shared by whoever asks next,
-    and must not keep alive, for as long as it is kept, the context of the conversation that
-    started it (its turn, its piece of background work)."""
-    return asyncio.get_running_loop().create_task(coro, context=contextvars.Context())

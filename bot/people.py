@@ -5,6 +5,8 @@ approver group or a channel made public loses the power within CACHE_TTL."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
@@ -14,6 +16,8 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.policy import ApproverFacts, Policy
+from agent.scope import Outside
+from bot.background import detached
 from storage.domain import Approval
 
 log = logging.getLogger(__name__)
@@ -43,11 +47,16 @@ class People:
         admin_users: Collection[str],
         clock: Callable[[], datetime],
         ttl: timedelta = CACHE_TTL,
+        outside: Outside = contextlib.nullcontext,
     ) -> None:
+        """`outside`: where a lookup another asker started is waited for (bot/background.py:
+        without a work slot; the lookup itself runs detached, needing none)."""
         self._admins = frozenset(admin_users)
+        self._outside = outside
         self._clock = clock
         self._ttl = ttl
         self._user_cache: dict[str, tuple[datetime, dict[str, Any] | None]] = {}
+        self._asking: dict[str, asyncio.Task[dict[str, Any] | None]] = {}  # under way
         self._group_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
         self._private_cache: dict[str, tuple[datetime, bool]] = {}
         self._member_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
@@ -90,10 +99,36 @@ class People:
         info = await self._user(client, user)
         return None if info is None else outsider_kind(info, team)
 
+    def warm(self, client: AsyncWebClient, user: str) -> None:
+        """Start looking `user` up now, for whoever asks next: a card for them, posted once
+        the model has answered, then need not wait for users.info (bot/delivery.py)."""
+        cached = self._user_cache.get(user)
+        if not (cached and cached[0] > self._clock()):
+            self._lookup(client, user)
+
     async def _user(self, client: AsyncWebClient, user: str) -> dict[str, Any] | None:
         cached = self._user_cache.get(user)
         if cached and cached[0] > self._clock():
             return cached[1]
+        # Shielded: one asker cancelled must not cancel the lookup the others wait on.
+        async with self._outside():
+            return await asyncio.shield(self._lookup(client, user))
+
+    def _lookup(self, client: AsyncWebClient, user: str) -> asyncio.Task[dict[str, Any] | None]:
+        """The users.info lookup of `user` under way, or a new one: one call, however many
+        ask meanwhile (a warm one and the card's; two clicks of one person)."""
+        if (asking := self._asking.get(user)) is None:
+            asking = self._asking[user] = detached(self._ask(client, user))
+            asking.add_done_callback(lambda done: self._asked(user, done))
+        return asking
+
+    def _asked(self, user: str, done: asyncio.Task[dict[str, Any] | None]) -> None:
+        if self._asking.get(user) is done:
+            del self._asking[user]
+        if not done.cancelled():
+            done.exception()  # retrieved: a warm lookup nobody awaited may have failed
+
+    async def _ask(self, client: AsyncWebClient, user: str) -> dict[str, Any] | None:
         try:
             found: dict[str, Any] = (await client.users_info(user=user))["user"]
         except SlackApiError as exc:

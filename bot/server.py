@@ -194,16 +194,16 @@ class Service:
         """What the listeners share; the Home tabs redrawn with the cards they show."""
         s = self.settings
         assistant = AssistantThreads(s.ASSISTANT_PROMPTS)
-        people = People(admin_users=s.ADMIN_USERS, clock=self._clock)
+        outside = background.outside
+        people = People(admin_users=s.ADMIN_USERS, clock=self._clock, outside=outside)
         # Its own cache: a card's post must not make a click see a channel's privacy late.
-        for_cards = People(admin_users=s.ADMIN_USERS, clock=self._clock)
+        for_cards = People(admin_users=s.ADMIN_USERS, clock=self._clock, outside=outside)
         delivery = Delivery(
             workflow,
             clock=self._clock,
             stream_interval=s.STREAM_INTERVAL_SECONDS,
             assistant_thread=assistant.knows,
-            is_private=for_cards.is_private,
-            outsider=for_cards.outsider_kind,
+            people=for_cards,
         )
         home = HomeTabs(
             workflow=workflow,

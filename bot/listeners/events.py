@@ -144,7 +144,7 @@ async def run_turn(
         posting = asyncio.create_task(
             deps.delivery.say(client, thread, messages.thinking_message())
         )
-    deps.delivery.warm_link(client, thread)  # the card names the thread, if there is a card
+    deps.delivery.warm(client, thread, user)  # what a card shows, if the turn posts one
     streams = deps.delivery.streams(client)
     streams.open(thread, user, posting)
     viewing = deps.assistant.viewing(thread) if assistant else None

@@ -651,3 +651,20 @@ def test_http_mode_without_a_signing_secret_refuses_to_start(
     """Bolt would otherwise take unsigned requests as Slack's (verification off)."""
     with pytest.raises(ConfigError, match="SLACK_SIGNING_SECRET"):
         Service(bot_settings(fake_slack, gemini, SLACK_SIGNING_SECRET=None))
+
+
+async def test_the_requester_is_looked_up_while_the_model_thinks(
+    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str
+) -> None:
+    """A card says whether its requester is a guest: users.info is asked as the turn starts,
+    beside the model's call, not after it (once: the card shares that lookup)."""
+    gemini.script(function_call("transferMoney", TRANSFER, id="call-1", delay=3.0))
+    assert (await client.dm(team, REQUESTER, "send 500 to 12345", ts=new_ts()))[0] == 200
+    asked = await fake_slack.wait_for(
+        "users.info", timeout=2.0, predicate=lambda c: c.args.get("user") == REQUESTER
+    )  # before the model answers, 3 s in
+    cards = [c for c in fake_slack.calls_to("chat.postMessage") if in_channel(APPROVERS)(c)]
+    assert asked and not cards
+    await fake_slack.wait_for("chat.postMessage", predicate=in_channel(APPROVERS))
+    by_requester = [c for c in fake_slack.calls_to("users.info") if c.args.get("user") == REQUESTER]
+    assert len(by_requester) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -80,3 +82,34 @@ async def test_an_expired_entry_goes_when_the_next_is_kept(
     assert set(kept) <= set(people_module.USER_FIELDS)
     assert kept["is_admin"] is False
     assert "profile" not in kept  # the fake's users.info has one, as Slack's does
+
+
+async def test_a_lookup_under_way_is_shared_by_whoever_asks_meanwhile(
+    fake_slack: FakeSlack, web_api: AsyncWebClient
+) -> None:
+    """A card's lookup of its requester, started as the turn starts (`warm`), is the one the
+    card then awaits; two clicks of one person ask Slack once."""
+    people = People(admin_users=[], clock=Clock())
+    fake_slack.users["UGUEST"] = {"is_restricted": True}
+    people.warm(web_api, "UGUEST")
+    kinds = await asyncio.gather(
+        people.outsider_kind(web_api, "UGUEST", "T1"), people.is_outsider(web_api, "UGUEST", "T1")
+    )
+    assert list(kinds) == ["guest", True]
+    people.warm(web_api, "UGUEST")  # known now: nothing to start
+    assert await people.outsider_kind(web_api, "UGUEST", "T1") == "guest"
+    assert len(fake_slack.calls_to("users.info")) == 1
+
+
+async def test_a_shared_lookup_that_failed_is_not_kept(
+    fake_slack: FakeSlack, web_api: AsyncWebClient
+) -> None:
+    """Whoever shared a lookup that Slack refused gets its "cannot say"; the next question
+    asks again."""
+    people = People(admin_users=[], clock=Clock())
+    team = fake_slack.team_id
+    fake_slack.fail_next("users.info", error="user_not_found")
+    people.warm(web_api, "ULATER")
+    assert await people.outsider_kind(web_api, "ULATER", team) is None  # Slack cannot say
+    assert await people.is_outsider(web_api, "ULATER", team) is False  # asked again: a member
+    assert len(fake_slack.calls_to("users.info")) == 2
