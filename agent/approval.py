@@ -195,6 +195,8 @@ def approval_middleware(
             stamp_refs(response, new_id)
             if scope is not None and response.message is not None:
                 scope.conversation[:] = [*params.request.messages, response.message]
+                if scope.answered is not None and not response.message.tool_requests:
+                    await scope.answered(response.message.text)  # the turn ends with it
             return response
 
         async def wrap_tool(

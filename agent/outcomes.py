@@ -17,11 +17,14 @@ from storage.retention import Purged
 @dataclass(frozen=True)
 class Progress:
     """A turn running in `thread`: first with no text when it starts (the transport shows
-    that it is working), then with the model's text so far each time it grows."""
+    that it is working), then with the model's text so far each time it grows; `final` once
+    the model's answer is the turn's last, whole, while the turn is still being saved (the
+    outcome follows: a Reply of the same text, or a failure if the save failed)."""
 
     thread: Thread
     requester: str
     text: str = ""
+    final: bool = False
 
 
 TextSink = Callable[[Progress], Awaitable[None]]

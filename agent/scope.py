@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -97,6 +97,9 @@ class TurnScope:
     # Told of each approved call of the turn as soon as its output is recorded, with the
     # approval as it is then (a card can say it ran before the model has answered).
     ran: Callable[[Approval], None] | None = None
+    # Told the model's answer as soon as it is the turn's last (it asks for no tool), before
+    # the turn is saved: the transport shows it meanwhile rather than after two writes.
+    answered: Callable[[str], Awaitable[None]] | None = None
 
 
 @dataclass(frozen=True)

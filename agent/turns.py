@@ -118,7 +118,8 @@ class Turns:
             log.exception("could not take thread %s for a turn", thread.thread_ts)
             return Failed(thread)
         conversation = held.conversation_id
-        scope = _scope(thread, requester, held.participants, conversation)
+        answered = _told(on_text, thread, requester, final=True)
+        scope = _scope(thread, requester, held.participants, conversation, answered)
         message = human_message(text, by=requester, at=now, viewing=viewing)
 
         async def keep(until: datetime) -> bool:
@@ -171,6 +172,7 @@ class Turns:
             conversation_id=claim.conversation_id,
             thread=claim.thread,
             ran=on_ran,
+            answered=_told(on_text, claim.thread, asked.requester, final=True),
         )
         resume = asyncio.current_task()
         lost = asyncio.Event()
@@ -356,9 +358,18 @@ class Turns:
         return response
 
 
-def _scope(thread: Thread, requester: str, people: tuple[str, ...], conversation: str) -> TurnScope:
+def _scope(
+    thread: Thread, requester: str, people: tuple[str, ...], conversation: str, answered: Told
+) -> TurnScope:
     """A new message's turn: in its thread's conversation, with everyone who took part."""
-    return TurnScope(thread.team_id, requester, people, conversation_id=conversation, thread=thread)
+    return TurnScope(
+        thread.team_id,
+        requester,
+        people,
+        conversation_id=conversation,
+        thread=thread,
+        answered=answered,
+    )
 
 
 def _covered(scope: TurnScope) -> tuple[Approval, ...]:
@@ -372,11 +383,11 @@ def _from_model(chunk: AgentChunk[Any]) -> bool:
     return raw is None or raw.role in (None, "model")
 
 
-def _told(sink: TextSink | None, thread: Thread, requester: str) -> Told:
-    """The sink, bound to one turn's thread and requester."""
+def _told(sink: TextSink | None, thread: Thread, requester: str, *, final: bool = False) -> Told:
+    """The sink, bound to one turn's thread and requester (`final`: for the last answer)."""
 
     async def told(text: str) -> None:
         if sink is not None:
-            await sink(Progress(thread, requester, text))
+            await sink(Progress(thread, requester, text, final))
 
     return told

@@ -32,6 +32,7 @@ class Loops:
         self._sweep_interval = sweep_interval
         self._follow_up_interval = follow_up_interval
         self._tasks: list[asyncio.Task[None]] = []
+        self._pass: asyncio.Task[None] | None = None  # the recovery sweep's, while under way
 
     def start(self) -> None:
         self._tasks = [
@@ -39,7 +40,11 @@ class Loops:
             asyncio.create_task(self._follow_up_forever(), name="follow-ups"),
         ]
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 0.0) -> None:
+        """Stop both loops; a sweep's pass under way (its resumes, whose replies may be in
+        their threads already) first gets up to `grace` seconds to finish, as turns do."""
+        if self._pass is not None and not self._pass.done():
+            await asyncio.wait({self._pass}, timeout=grace)
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -48,25 +53,29 @@ class Loops:
 
     async def _sweep_forever(self) -> None:
         """Expire overdue approvals and finish turns a dead process left; first at start-up."""
-        deps, client = self._deps, self._client
         while True:
+            self._pass = asyncio.create_task(self._sweep_once(), name="recovery sweep pass")
             try:
-                streams = deps.delivery.streams(client)
-                report = await deps.workflow.follow_ups.sweep(on_text=streams)
-                if report.expired or report.resumed:
-                    log.info(
-                        "recovery sweep resumed %d turn(s), expired %d approval(s)",
-                        len(report.resumed),
-                        len(report.expired),
-                    )
-                if report.purged.rows:
-                    log.info("retention deleted %s", report.purged)
-                await deps.delivery.sweep(client, report, streams)
-                await streams.close_rest()
-                await deps.limits.sweep()
+                await self._pass
             except Exception:
                 log.exception("recovery sweep failed; trying again next interval")
             await asyncio.sleep(self._sweep_interval)
+
+    async def _sweep_once(self) -> None:
+        deps, client = self._deps, self._client
+        streams = deps.delivery.streams(client)
+        report = await deps.workflow.follow_ups.sweep(on_text=streams)
+        if report.expired or report.resumed:
+            log.info(
+                "recovery sweep resumed %d turn(s), expired %d approval(s)",
+                len(report.resumed),
+                len(report.expired),
+            )
+        if report.purged.rows:
+            log.info("retention deleted %s", report.purged)
+        await deps.delivery.sweep(client, report, streams)
+        await streams.close_rest()
+        await deps.limits.sweep()
 
     async def _follow_up_forever(self) -> None:
         """Reminders and escalations, within the follow-up interval of their time: each is

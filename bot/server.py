@@ -346,8 +346,11 @@ class Service:
         others (or retries them) instead of to a process that is going away."""
         if self._socket is not None:
             await self._socket.close_async()  # type: ignore[no-untyped-call]
+        # One grace for all the work under way: the sweep's pass and the turns run meanwhile.
+        grace = self.settings.SHUTDOWN_GRACE_SECONDS
+        until = asyncio.get_running_loop().time() + grace
         if self._loops is not None:
-            await self._loops.stop()
+            await self._loops.stop(grace)
         if self._runner is not None:
             await self._runner.cleanup()
         if self.gateway is not None:
@@ -355,7 +358,8 @@ class Service:
         await self._gateway_running.aclose()
         if self.deps is not None:
             self.deps.home.close()
-            cut = await self.deps.background.drain(self.settings.SHUTDOWN_GRACE_SECONDS)
+            left = max(until - asyncio.get_running_loop().time(), 0.0)
+            cut = await self.deps.background.drain(left)
             if cut:
                 log.warning(
                     "shutdown cut off %d turns: resumes were handed back for the next "

@@ -93,6 +93,8 @@ class ReplyStream:
         self._sent = 0  # how much of it was handed to Slack
         self._last = 0.0
         self._stopped = False
+        # The whole reply posted as the model gave it, while the turn is saved: its text.
+        self._early: tuple[str, asyncio.Task[bool]] | None = None
 
     @property
     def started(self) -> bool:
@@ -101,8 +103,8 @@ class ReplyStream:
     async def write(self, so_far: str) -> None:
         """The model's text so far in this turn (it only grows). Nothing is sent before the
         text is `interval` old: a quick reply goes out whole, as one message (one call)."""
-        if not so_far.startswith(self._seen):  # never the case for Genkit's accumulated text
-            return
+        if self._early is not None or not so_far.startswith(self._seen):
+            return  # the reply went out whole; or never for Genkit's accumulated text
         now = self._clock()
         if not self._seen:
             self._last = now  # the first text: the interval runs from here
@@ -110,12 +112,28 @@ class ReplyStream:
         if self._sent < len(self._seen) and now - self._last >= self._interval:
             await self._flush()
 
+    def answered(self, reply: str) -> None:
+        """The model's last answer, whole, while the turn is being saved: a reply held back
+        (a quick one: none of it streamed yet) goes out now, not after the turn's two
+        writes. A reply that streams, or would by now (`interval` 0), ends at `close`."""
+        if self.started or self._stopped or self._early is not None or not reply.strip():
+            return
+        first = self._last if self._seen else self._clock()  # when its first words came
+        if self._clock() - first >= self._interval:
+            return
+        self._early = (reply, asyncio.create_task(self._rewrite(reply)))
+
     async def close(self, reply: str | None) -> Closed:
         """End the reply. `reply` is the turn's final text when it ended with one (else it
-        stopped on an approval or failed): it is in the thread already if it streamed."""
+        stopped on an approval or failed): it is in the thread already if it streamed, or
+        went out whole (`answered`)."""
         if self._stopped:
             return Closed(False, None)
         self._stopped = True
+        if self._early is not None:
+            said, posting = self._early
+            if await posting and reply == said:
+                return Closed(True, None)
         if not self.started:  # the whole reply, if any, is the outcome's one message
             return Closed(False, await self._placeholder_ts())
         if self._stream_ts is not None and self._streamer is not None:
@@ -158,7 +176,7 @@ class ReplyStream:
                 self._failed = True
                 self._fallback_ts = self._stream_ts
                 self._stream_ts = self._streamer = None
-        await self._rewrite()
+        await self._rewrite(self._seen)
 
     async def _append(self, piece: str) -> None:
         if self._streamer is None:
@@ -176,9 +194,10 @@ class ReplyStream:
         if first:
             await self._drop_placeholder()
 
-    async def _rewrite(self) -> None:
-        """The fallback: the placeholder (or one message) rewritten with the text so far."""
-        message = messages.reply_message(self._seen)
+    async def _rewrite(self, text: str) -> bool:
+        """The fallback: the placeholder (or one message) rewritten with the text so far;
+        whether Slack took it."""
+        message = messages.reply_message(text)
         if self._fallback_ts is None:
             self._fallback_ts = await self._placeholder_ts()
         try:
@@ -197,6 +216,8 @@ class ReplyStream:
                 )
         except SlackError as exc:
             log.error("could not show the reply in %s: %r", self._thread.channel_id, exc)
+            return False
+        return True
 
     async def _placeholder_ts(self) -> str | None:
         return await self._placeholder if self._placeholder is not None else None
@@ -245,7 +266,10 @@ class Streams:
         stream = self._open.get(progress.thread)
         if stream is None:
             stream = self.open(progress.thread, progress.requester)
-        if progress.text:
+        if progress.final:
+            stream.answered(progress.text)
+            await asyncio.sleep(0)  # the post goes out first, the turn's save after it
+        elif progress.text:
             await stream.write(progress.text)
         elif self._on_start is not None:
             await self._on_start(progress.thread)

@@ -5,14 +5,18 @@ with chat.update where Slack refuses a stream."""
 from __future__ import annotations
 
 import pytest
+import sqlalchemy as sa
 
 from agent.outcomes import Progress
 from bot.app import web_client
 from bot.server import Service
 from bot.streaming import Streams
+from storage.db import SessionFactory
 from storage.domain import Thread
+from storage.models import ConversationRow
 from tests.bot.conftest import DM, SlackClient, new_ts, settle
 from tests.bot.test_e2e import BOSS, REQUESTER, ask, reply_in_thread, said, text_of
+from tests.conftest import poll
 from tests.fakes.gemini import FakeGemini, text
 from tests.fakes.slack_api import FakeSlack
 
@@ -159,3 +163,67 @@ async def test_a_stream_no_outcome_took_is_stopped_with_what_it_said(
     [message] = fake_slack.thread(DM, thread.thread_ts)
     assert message["ts"] == stopped.args["ts"] and message["text"] == "Half a reply "
     assert fake_slack.finished(message)
+
+
+async def test_a_quick_reply_shows_while_its_turn_is_still_being_saved(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    bot_sessions: SessionFactory,
+) -> None:
+    """The model's last answer goes out as it comes, not after the turn's writes (issue 23):
+    here the write that frees the thread waits on a lock the test holds, and the reply is in
+    the thread meanwhile, once; the thread is freed when the lock goes."""
+    gemini.script(text("Done.", delay=0.5))  # time for the test to take its lock first
+    ts = new_ts()
+    assert (await client.dm(team, REQUESTER, "go", ts=ts))[0] == 200
+    of_thread = sa.select(ConversationRow).where(
+        ConversationRow.team_id == team, ConversationRow.thread_ts == ts
+    )
+
+    async def held() -> bool:
+        async with bot_sessions() as db:
+            row = (await db.execute(of_thread)).scalar_one_or_none()
+            return row is not None and row.busy_until is not None
+
+    await poll(held, "the turn holds its thread")
+    async with bot_sessions() as db, db.begin():
+        await db.execute(of_thread.with_for_update())  # the thread's release waits on this
+        await said(fake_slack, "Done.")
+        assert (await db.execute(of_thread)).scalar_one().busy_until is not None
+    await settle(service)
+    assert [m["text"] for m in fake_slack.thread(DM, ts)] == ["Done."]  # the placeholder's
+    assert await held() is False
+
+
+@pytest.mark.parametrize("refused", [False, True])
+async def test_an_early_reply_stands_only_when_slack_took_it_and_the_turn_kept_it(
+    fake_slack: FakeSlack, refused: bool
+) -> None:
+    """The reply posted as the model answered is the outcome's when Slack took it and the
+    turn ended with that very text; else the outcome's own message follows (a turn whose
+    save failed says so under it; one Slack refused is posted again)."""
+    client = web_client("xoxb-test", fake_slack.base_url)
+    try:
+        streams = Streams(client, interval=1.0)
+        thread = Thread("T0TEAM", DM, new_ts())
+        if refused:
+            fake_slack.fail_next("chat.postMessage", error="internal_error")
+        await streams(Progress(thread, REQUESTER))
+        await streams(Progress(thread, REQUESTER, "All done."))
+        await streams(Progress(thread, REQUESTER, "All done.", final=True))
+        stream = streams.take(thread)
+        assert stream is not None
+        kept = await stream.close("All done.")
+        other = streams.open(thread, REQUESTER)
+        await streams(Progress(thread, REQUESTER, "Said.", final=True))
+        failed = await other.close(None)  # the turn's save failed after all
+    finally:
+        assert client.session is not None
+        await client.session.close()
+    assert kept.delivered is not refused and kept.replace is None
+    assert not failed.delivered and failed.replace is None  # the failure notice goes below
+    texts = [m["text"] for m in fake_slack.thread(DM, thread.thread_ts)]
+    assert texts == (["Said."] if refused else ["All done.", "Said."])
