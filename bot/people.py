@@ -240,7 +240,9 @@ class People:
         self, client: AsyncWebClient, user: str, *, clicked_in: str | None, home: bool = False
     ) -> Callable[[Approval, Policy], Awaitable[ApproverFacts]]:
         """What Slack knows about `user`, who clicked in `clicked_in` (or on the Home tab),
-        asked only once the workflow knows the request and its policy."""
+        asked once the workflow knows the request and its policy; but whether they are a
+        guest, which every decision asks, is looked up from now on, beside the request's read."""
+        self.warm(client, user)
 
         async def facts(approval: Approval, policy: Policy) -> ApproverFacts:
             card_channel = approval.card.channel if approval.card else None

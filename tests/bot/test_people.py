@@ -5,11 +5,17 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import sqlalchemy as sa
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import people as people_module
 from bot.people import CACHE_TTL, People
+from bot.server import Service
+from storage.db import SessionFactory
 from tests.agent.conftest import Clock
+from tests.bot.conftest import SlackClient, settle
+from tests.bot.test_e2e import BOSS, ask, reply_in_thread, text_of
+from tests.fakes.gemini import FakeGemini, text
 from tests.fakes.slack_api import FakeSlack
 
 
@@ -113,3 +119,27 @@ async def test_a_shared_lookup_that_failed_is_not_kept(
     assert await people.outsider_kind(web_api, "ULATER", team) is None  # Slack cannot say
     assert await people.is_outsider(web_api, "ULATER", team) is False  # asked again: a member
     assert len(fake_slack.calls_to("users.info")) == 2
+
+
+async def test_whether_a_clicker_is_a_guest_is_asked_while_the_request_is_read(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    bot_sessions: SessionFactory,
+) -> None:
+    """Every decision asks users.info of its clicker (a guest may not decide): the lookup
+    starts as the click comes, beside the request's read, not after it (issue 23). Here the
+    read waits on a lock the test holds, and the lookup is made meanwhile."""
+    asked = await ask(client, fake_slack, gemini, team)
+    await settle(service)
+    gemini.script(text("Sent 500 to 12345."))
+    click = await client.click_payload(team, BOSS, "approve", asked.card)
+    async with bot_sessions() as db, db.begin():
+        await db.execute(sa.text("LOCK TABLE approvals IN ACCESS EXCLUSIVE MODE"))
+        assert (await client.send(click))[0] == 200
+        await fake_slack.wait_for("users.info", predicate=lambda c: c.args.get("user") == BOSS)
+    assert text_of(await reply_in_thread(fake_slack, asked.thread_ts)) == "Sent 500 to 12345."
+    await settle(service)
+    assert [c.args.get("user") for c in fake_slack.calls_to("users.info")].count(BOSS) == 1
