@@ -176,7 +176,7 @@ async def test_a_quick_reply_shows_while_its_turn_is_still_being_saved(
     """The model's last answer goes out as it comes, not after the turn's writes (issue 23):
     here the write that frees the thread waits on a lock the test holds, and the reply is in
     the thread meanwhile, once; the thread is freed when the lock goes."""
-    gemini.script(text("Done.", delay=0.5))  # time for the test to take its lock first
+    gemini.script(text("Done.", delay=1.0))  # time for the test to take its lock first
     ts = new_ts()
     assert (await client.dm(team, REQUESTER, "go", ts=ts))[0] == 200
     of_thread = sa.select(ConversationRow).where(
@@ -194,7 +194,7 @@ async def test_a_quick_reply_shows_while_its_turn_is_still_being_saved(
         await said(fake_slack, "Done.")
         assert (await db.execute(of_thread)).scalar_one().busy_until is not None
     await settle(service)
-    assert [m["text"] for m in fake_slack.thread(DM, ts)] == ["Done."]  # the placeholder's
+    assert [m["text"] for m in fake_slack.thread(DM, ts)] == ["Done."]  # the placeholder, now it
     assert await held() is False
 
 
