@@ -173,7 +173,9 @@ async def test_healthz_answers_503_fast_when_the_database_hangs(
     fake_slack: FakeSlack, gemini: FakeGemini, ledger: Path
 ) -> None:
     async with silent_database() as url:
-        svc = Service(bot_settings(fake_slack, gemini, DATABASE_URL=url), host="127.0.0.1")
+        # Its start-up sweep hangs on the database, and gets the shutdown grace: kept short.
+        settings = bot_settings(fake_slack, gemini, DATABASE_URL=url, SHUTDOWN_GRACE_SECONDS=0.5)
+        svc = Service(settings, host="127.0.0.1")
         await svc.start()
         try:
             status, took = await timed_get(svc, "/healthz")
