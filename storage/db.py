@@ -7,9 +7,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy import event, exc
 from sqlalchemy.ext.asyncio import (
-    AsyncConnection,
     AsyncEngine,
     AsyncSession,
     async_sessionmaker,
@@ -17,9 +17,9 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.pool import QueuePool
 
+from storage.driver import marked, run
+
 SessionFactory = async_sessionmaker[AsyncSession]
-# What statements run on: a Core connection (`autocommit`), or an ORM session's transaction.
-Db = AsyncConnection | AsyncSession
 
 # A pooled connection idle for longer than this is pinged before use: long enough that a
 # busy service never pays a round trip per transaction, short enough that a connection a
@@ -68,13 +68,38 @@ def make_session_factory(engine: AsyncEngine) -> SessionFactory:
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
+class Lone:
+    """Lookups and lone writes, which need no transaction around them: each statement
+    commits on its own, with no BEGIN and COMMIT round trips (a transition and its audit row
+    are one statement), on a connection of the pool taken for that statement alone. A
+    statement marked `storage.driver.prepared` runs on the driver; any other on a Core
+    connection in autocommit (an ORM session around each cost more CPU than the statement:
+    see docs/contributors.md, Performance)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def execute(
+        self, statement: sa.Executable, params: Any = None
+    ) -> sa.Result[*tuple[Any, ...]]:
+        if (driven := marked(statement)) is not None and not isinstance(params, list):
+            return await run(self._engine, driven, params)
+        async with self._engine.connect() as conn:
+            alone = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            return await alone.execute(statement, params)
+
+    async def scalar(self, statement: sa.Executable, params: Any = None) -> Any:
+        return (await self.execute(statement, params)).scalar()
+
+    async def scalars(self, statement: sa.Executable, params: Any = None) -> sa.ScalarResult[Any]:
+        return (await self.execute(statement, params)).scalars()
+
+
+# What statements run on: lone (`autocommit`), or an ORM session's transaction.
+Db = Lone | AsyncSession
+
+
 @contextlib.asynccontextmanager
-async def autocommit(sessions: SessionFactory) -> AsyncIterator[AsyncConnection]:
-    """A connection for lookups and lone writes, which need no transaction around them:
-    each statement commits on its own, with no BEGIN and COMMIT round trips (a transition
-    and its audit row are one statement). A Core connection of the factory's engine, not an
-    ORM session: nothing here needs one, and a session around each statement cost more CPU
-    than the statement (see docs/contributors.md, Performance)."""
-    engine: AsyncEngine = sessions.kw["bind"]
-    async with engine.connect() as conn:
-        yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+async def autocommit(sessions: SessionFactory) -> AsyncIterator[Lone]:
+    """Lone statements on the factory's engine (see `Lone`)."""
+    yield Lone(sessions.kw["bind"])

@@ -27,6 +27,7 @@ from storage.domain import (
     Vote,
     Withdrawn,
 )
+from storage.driver import prepared
 from storage.lifecycle import (
     ANSWER,
     APPROVE,
@@ -59,8 +60,10 @@ from storage.transitions import NOW, ROW_ID, SIBLING, A, Atomic, NewRow, V, guar
 
 # An approval to decide, with its tool's stored policy (None: the defaults) in one query.
 _P = cast(sa.Table, PolicyRow.__table__)
-DECIDABLE = GET.add_columns(*(_P.c[f].label(f"policy_{f}") for f in POLICY_FIELDS)).outerjoin(
-    _P, sa.and_(_P.c.team_id == A.c.team_id, _P.c.tool == A.c.tool)
+DECIDABLE = prepared(
+    GET.add_columns(*(_P.c[f].label(f"policy_{f}") for f in POLICY_FIELDS)).outerjoin(
+        _P, sa.and_(_P.c.team_id == A.c.team_id, _P.c.tool == A.c.tool)
+    )
 )
 OTHERS_PENDING = (
     sa.select(sa.func.count())

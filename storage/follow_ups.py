@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from storage.db import SessionFactory, autocommit
 from storage.domain import Approval, CardState
+from storage.driver import prepared
 from storage.lifecycle import (
     CARD_FAILED,
     CARD_POSTED,
@@ -46,12 +47,12 @@ STALE_CARDS = LOCATED.where(guard(RETRY_CARD))
 STALE_ESCALATIONS = LOCATED.where(guard(RETRY_ESCALATION))
 DUE = {t: LOCATED.where(guard(t)) for t in (REMIND, ESCALATE)}
 # The card's outbox, and the escalated card's.
-POSTED = write(CARD_POSTED, card_ts=sa.bindparam("ts"))
+POSTED = prepared(write(CARD_POSTED, card_ts=sa.bindparam("ts")))
 FAILED = Atomic(write(CARD_FAILED), NOTE)
-RETRY = write(RETRY_CARD, card_attempted_at=NOW)
-ESCALATION_OUT = write(ESCALATION_POSTED, escalation_ts=sa.bindparam("ts"))
+RETRY = prepared(write(RETRY_CARD, card_attempted_at=NOW))
+ESCALATION_OUT = prepared(write(ESCALATION_POSTED, escalation_ts=sa.bindparam("ts")))
 ESCALATION_LOST = Atomic(write(ESCALATION_FAILED), NOTE)
-RETRY_UP = write(RETRY_ESCALATION, escalation_attempted_at=NOW)
+RETRY_UP = prepared(write(RETRY_ESCALATION, escalation_attempted_at=NOW))
 # Follow-ups, each with its audit row; an escalation's card is then being posted.
 FOLLOW_UP = {
     REMIND: Atomic(write(REMIND), NOTE),

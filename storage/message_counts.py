@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from storage.db import SessionFactory, autocommit
+from storage.driver import prepared
 from storage.models import MessageCountRow, SeenEventRow
 
 M = cast(sa.Table, MessageCountRow.__table__)
@@ -61,17 +62,19 @@ def _workspace(person: sa.CTE) -> sa.Insert:
     return stmt.on_conflict_do_update(index_elements=_KEY, set_=_ADD_ONE).returning(M.c.count)
 
 
-COUNT = _workspace(_person())
+COUNT = prepared(_workspace(_person()))
 # The event recorded and, on its first delivery, the message counted: whether it was the
 # first, and the workspace's count (None: the person is over, or it was not the first).
 _first = _delivered()
 _counted = _workspace(_person(_first)).cte("workspace")
-COUNT_EVENT = sa.select(
-    sa.select(sa.func.count()).select_from(_first).scalar_subquery().label("first"),
-    sa.select(_counted.c.count).scalar_subquery().label("team_count"),
+COUNT_EVENT = prepared(
+    sa.select(
+        sa.select(sa.func.count()).select_from(_first).scalar_subquery().label("first"),
+        sa.select(_counted.c.count).scalar_subquery().label("team_count"),
+    )
 )
 # The first refusal of a person in a minute, once (across replicas): whoever sets it tells.
-TELL = (
+TELL = prepared(
     sa.update(M)
     .where(
         M.c.team_id == sa.bindparam("team"),
@@ -81,7 +84,7 @@ TELL = (
     )
     .values(told=True)
 )
-FORGET = sa.delete(M).where(M.c.minute < sa.bindparam("before", type_=M.c.minute.type))
+FORGET = prepared(sa.delete(M).where(M.c.minute < sa.bindparam("before", type_=M.c.minute.type)))
 
 
 class MessageCounts:

@@ -17,13 +17,14 @@ from sqlalchemy.dialects import postgresql
 from storage import audit
 from storage.db import SessionFactory, autocommit
 from storage.domain import HISTORY_ENDS, History
+from storage.driver import prepared
 from storage.models import ApprovalRow, PolicyRow
 from storage.policy_spec import CHANGEABLE, Rule, StoredPolicy, split_principals
 
 _P = cast(sa.Table, PolicyRow.__table__)
 _TEAM = _P.c.team_id == sa.bindparam("team_id")
 # Read at every tool call: a prebuilt Core query, not the ORM's identity-map get.
-GET = sa.select(_P).where(_TEAM, _P.c.tool == sa.bindparam("tool"))
+GET = prepared(sa.select(_P).where(_TEAM, _P.c.tool == sa.bindparam("tool")))
 ALL = sa.select(_P).where(_TEAM)
 # With a call's policy, how the requester's earlier requests of the tool ended (its card
 # shows them), in the same statement; not counted where the stored row lets calls run freely.
@@ -39,9 +40,11 @@ _earlier = (
     .scalar_subquery()
 )
 _one = sa.select(sa.literal(1).label("one")).subquery()  # a row, whether the policy's is there
-WITH_HISTORY = sa.select(
-    *_P.c, sa.case((_P.c.allowed.is_not(True), _earlier), else_=sa.null()).label("history")
-).select_from(_one.outerjoin(_P, sa.and_(_TEAM, _P.c.tool == sa.bindparam("tool"))))
+WITH_HISTORY = prepared(
+    sa.select(
+        *_P.c, sa.case((_P.c.allowed.is_not(True), _earlier), else_=sa.null()).label("history")
+    ).select_from(_one.outerjoin(_P, sa.and_(_TEAM, _P.c.tool == sa.bindparam("tool"))))
+)
 # The row's columns a StoredPolicy is read from.
 POLICY_FIELDS = (
     "tool",

@@ -143,7 +143,8 @@ class ReadStore:
     async def paused_snapshot(self, approval: Approval) -> str | None:
         """The agent's session as it was when the turn paused on this approval."""
         async with autocommit(self._sessions) as db:
-            return await db.scalar(SNAPSHOT_OF_TURN, {"turn": approval.turn_id})
+            found = await db.scalar(SNAPSHOT_OF_TURN, {"turn": approval.turn_id})
+        return None if found is None else str(found)
 
     async def note_viewed(self, approval: Approval, *, by: str, now: datetime) -> None:
         """Audit that `by` saw the conversation behind this request."""

@@ -45,6 +45,7 @@ from storage.domain import (
     Vote,
     Withdrawn,
 )
+from storage.driver import prepared
 from storage.lifecycle import (
     OPEN_TURN,
     REQUEST,
@@ -64,12 +65,12 @@ LOCATED = (
     .order_by(A.c.requested_at, A.c.id)
 )
 TEAM = A.c.team_id == sa.bindparam("team")
-GET = LOCATED.where(TEAM, A.c.id == ROW_ID)
+GET = prepared(LOCATED.where(TEAM, A.c.id == ROW_ID))
 OPEN = T.c.state.in_(OPEN_TURN)  # a turn not yet ended: it holds its thread
 # A request's context as JSON and back (validated: the column is only as good as its reader).
 CONTEXT = TypeAdapter(Context)
 NOTE = NewRow(audit.TABLE, "audit_")  # a transition's audit row
-VOTES = (
+VOTES = prepared(
     sa.select(V.c.approval_id, V.c.voter, V.c.at, V.c.note)
     .where(V.c.approval_id.in_(sa.bindparam("ids", expanding=True)))
     .order_by(V.c.at, V.c.voter)

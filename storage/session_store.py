@@ -36,6 +36,7 @@ from pydantic import TypeAdapter
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from storage.db import Db, SessionFactory, autocommit
+from storage.driver import prepared
 from storage.models import MessageRow, SnapshotRow
 
 current_team: ContextVar[str | None] = ContextVar("greenlight_current_team", default=None)
@@ -67,7 +68,7 @@ S, M = cast(sa.Table, SnapshotRow.__table__), cast(sa.Table, MessageRow.__table_
 _team: sa.BindParameter[str] = sa.bindparam("team", type_=S.c.team_id.type)
 _KEY = sa.and_(S.c.team_id == _team, S.c.snapshot_id == sa.bindparam("sid"))
 _ROW = sa.select(S.c.snapshot_id, S.c.meta, S.c.message_count, S.c.inherited, S.c.digest)
-GET_ROW = _ROW.add_columns(S.c.version).where(_KEY)
+GET_ROW = prepared(_ROW.add_columns(S.c.version).where(_KEY))
 LOCK_ROW = GET_ROW.with_for_update()
 LOCK_KIDS = (
     _ROW.add_columns(S.c.version)
@@ -77,7 +78,7 @@ LOCK_KIDS = (
 _OWNED = sa.and_(S.c.team_id == _team, S.c.session_id == sa.bindparam("session"))
 # A session's rows, light: Genkit's own select_leaf picks the leaf from them. Lookups by
 # session are rare here (the workflow resumes by snapshot id; a new chat finds no rows).
-LIGHT = sa.select(S.c.snapshot_id, S.c.parent_id, S.c.created_at).where(_OWNED)
+LIGHT = prepared(sa.select(S.c.snapshot_id, S.c.parent_id, S.c.created_at).where(_OWNED))
 # The parent's count and digest and its parent's: what a new message list may extend.
 _g = S.alias("grand")
 PEEK = (
@@ -113,12 +114,14 @@ _messages = (
 MESSAGES = _messages.order_by(M.c.position)
 # A snapshot whole in one statement, so from one state of the data with no transaction
 # around it: its row first (position -1, `data` its meta), then its messages in order.
-LOAD = sa.union_all(
-    sa.select(sa.literal(-1).label("position"), S.c.meta.label("data"), S.c.message_count).where(
-        _KEY
-    ),
-    _messages.add_columns(sa.null()),
-).order_by("position")
+LOAD = prepared(
+    sa.union_all(
+        sa.select(
+            sa.literal(-1).label("position"), S.c.meta.label("data"), S.c.message_count
+        ).where(_KEY),
+        _messages.add_columns(sa.null()),
+    ).order_by("position")
+)
 _VALUES = ["session_id", "parent_id", "created_at", "meta", "message_count", "inherited", "digest"]
 _new = {c: sa.bindparam(f"new_{c}", type_=S.c[c].type) for c in _VALUES}
 # PostgreSQL only: a new row and its messages in one statement, atomic without a transaction.
@@ -156,7 +159,7 @@ _stored = sa.insert(M).from_select(
         _elements.c.value,
     ).select_from(_created.join(_elements, sa.true())),
 )
-CREATE = sa.select(sa.func.count()).select_from(_created).add_cte(_stored.cte("stored"))
+CREATE = prepared(sa.select(sa.func.count()).select_from(_created).add_cte(_stored.cte("stored")))
 CAS = (
     sa.update(S)
     .where(_KEY, S.c.version == sa.bindparam("seen"))

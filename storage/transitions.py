@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from storage.db import SessionFactory, autocommit
 from storage.domain import ApprovalState
+from storage.driver import prepared
 from storage.lifecycle import Requirement, Subject, Transition
 from storage.models import ApprovalRow, ConversationRow, TurnRow, VoteRow
 
@@ -145,7 +146,7 @@ class Atomic:
             for t in then
         ]
         result = sa.select(changed) if read is None else read(changed)
-        self.one = result.add_cte(*(w.cte(f"then{i}") for i, w in enumerate(writes)))
+        self.one = prepared(result.add_cte(*(w.cte(f"then{i}") for i, w in enumerate(writes))))
 
     async def run(
         self, sessions: SessionFactory, params: Mapping[str, Any]

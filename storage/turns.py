@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from storage import audit
 from storage.db import SessionFactory, autocommit
 from storage.domain import Approval, Claim, PausedTurn, Thread
+from storage.driver import prepared
 from storage.lifecycle import (
     CLAIM,
     COMPLETE,
@@ -45,14 +46,14 @@ from storage.rows import (
 )
 from storage.transitions import NOW, A, Atomic, C, NewRow, T, guard, write
 
-OF_TURN = LOCATED.where(A.c.turn_id == sa.bindparam("turn"))
+OF_TURN = prepared(LOCATED.where(A.c.turn_id == sa.bindparam("turn")))
 _THREAD = sa.and_(
     C.c.team_id == sa.bindparam("team"),
     C.c.channel_id == sa.bindparam("channel"),
     C.c.thread_ts == sa.bindparam("thread"),
 )
-WAITING_ON = LOCATED.where(_THREAD, OPEN)
-KNOWN = sa.select(C.c.id).where(_THREAD)
+WAITING_ON = prepared(LOCATED.where(_THREAD, OPEN))
+KNOWN = prepared(sa.select(C.c.id).where(_THREAD))
 
 
 def _approvals_of(turn: sa.FromClause) -> sa.Select[Any]:
@@ -66,11 +67,11 @@ CLAIM_TURN = Atomic(
     write(CLAIM, lease_until=sa.bindparam("lease"), attempts=T.c.attempts + 1, updated_at=NOW),
     read=_approvals_of,
 )
-RENEW_LEASE = write(RENEW, lease_until=sa.bindparam("lease"))
-LET_GO_OF = write(LET_GO, lease_until=None, updated_at=NOW)
+RENEW_LEASE = prepared(write(RENEW, lease_until=sa.bindparam("lease")))
+LET_GO_OF = prepared(write(LET_GO, lease_until=None, updated_at=NOW))
 RECOVERABLE = sa.select(T.c.id).where(guard(CLAIM))
 # The thread freed; the next message continues from `snapshot` when given.
-RELEASE = (
+RELEASE = prepared(
     sa.update(C)
     .where(C.c.id == sa.bindparam("conversation"))
     .values(
@@ -136,7 +137,7 @@ _NEW_THREAD = {
     "created_at": NOW,
     "last_active_at": NOW,
 }
-OPEN_THREAD = (
+OPEN_THREAD = prepared(
     sa.insert(C)
     .from_select(
         list(_NEW_THREAD),
@@ -144,20 +145,20 @@ OPEN_THREAD = (
     )
     .returning(C.c.id, C.c.snapshot_id, C.c.participants)
 )
-TAKE_THREAD = (
+TAKE_THREAD = prepared(
     sa.update(C)
     .where(_THREAD, _idle)
     .values(busy_until=sa.bindparam("until"), last_active_at=NOW)
     .returning(C.c.id, C.c.snapshot_id, C.c.participants)
 )
 # A running turn's hold, renewed while the turn runs; a hold already let go stays free.
-KEEP_THREAD = (
+KEEP_THREAD = prepared(
     sa.update(C)
     .where(C.c.id == sa.bindparam("conversation"), C.c.busy_until.is_not(None))
     .values(busy_until=sa.bindparam("until", type_=C.c.busy_until.type))
 )
 # Only the thread's holder writes it, so a whole new list loses nobody.
-SET_PARTICIPANTS = (
+SET_PARTICIPANTS = prepared(
     sa.update(C)
     .where(C.c.id == sa.bindparam("conversation"))
     .values(participants=sa.bindparam("people", type_=C.c.participants.type))
