@@ -144,7 +144,7 @@ async def run(engine: AsyncEngine, statement: Prepared, params: Mapping[str, Any
     try:
         if sync.dispatch.before_cursor_execute or sync.dispatch.after_cursor_execute:
             return await _observed(sync, fairy, statement, sql, args)
-        return await _fetch(fairy.driver_connection, statement, sql, args)
+        return await _fetch(fairy.dbapi_connection, dialect, statement, sql, args)
     except Exception as error:
         raise _translated(dialect, fairy, sql, error) from error
     except BaseException:  # cancelled mid-statement: the connection's state is unknown
@@ -154,12 +154,16 @@ async def run(engine: AsyncEngine, statement: Prepared, params: Mapping[str, Any
         await greenlet_spawn(fairy.close)  # checkin (and its reset) as SQLAlchemy does it
 
 
-async def _fetch(driver: Any, statement: Prepared, sql: str, args: list[Any]) -> Rows:
+async def _fetch(
+    adapted: Any, dialect: Any, statement: Prepared, sql: str, args: list[Any]
+) -> Rows:
+    """As SQLAlchemy's asyncpg cursor runs it: the statement prepared once per connection, in
+    the same cache its own statements use, then bound and run."""
+    ready, _ = await adapted._prepare(sql, dialect._invalidate_schema_cache_asof)
+    records = await ready.fetch(*args)
     if statement.returns_rows:
-        records = await driver.fetch(sql, *args)
         return statement.rows(records, len(records))
-    status = await driver.execute(sql, *args)
-    found = _STATUS.match(status or "")
+    found = _STATUS.match(ready.get_statusmsg() or "")
     return statement.rows([], int(found.group(1)) if found else -1)
 
 
@@ -176,7 +180,7 @@ async def _observed(
         dispatch = sync.dispatch
         told = (None, cursor, sql, args, context, False)
         await greenlet_spawn(dispatch.before_cursor_execute, *told)
-        rows = await _fetch(fairy.driver_connection, statement, sql, args)
+        rows = await _fetch(adapted, sync.dialect, statement, sql, args)
         await greenlet_spawn(dispatch.after_cursor_execute, *told)
         return rows
     finally:
