@@ -1,14 +1,15 @@
 """Statements built once, compiled once and run by the driver (asyncpg) on a pooled connection.
 
-A lone statement through SQLAlchemy's `Connection` cost about 370 µs of CPU here, of which
-asyncpg's own work is about 140: the rest is the Core connection around it (checkout in a
-greenlet, isolation level set and reset, an execution context, the compiled cache's lookup,
-a greenlet per await). The hot statements (every transition, the thread's hold, the policy
-read, the snapshot's) are module constants, so each is compiled once here and its SQL run
-on the pooled connection's asyncpg driver: SQLAlchemy still builds the SQL, converts every
-parameter and column with the types' own processors, owns the pool (its liveness check, its
-size, its gauge) and raises its own exceptions, so callers see the same rows and errors.
-`python -m bench.ops` prints what a statement costs each way.
+A lone statement through SQLAlchemy's `Connection` cost about 340 µs of CPU here, of which
+asyncpg's own work is about 140: the rest is the Core connection around it (the isolation
+level set and reset, an execution context, the compiled cache's lookup, a greenlet per
+await). The hot statements (every transition, the thread's hold, the policy and approval
+reads, the snapshot's) are module constants, so each is compiled once here and run as
+SQLAlchemy's asyncpg cursor would run it, on a connection of SQLAlchemy's own pool: about
+195 µs (`python -m bench.ops`). SQLAlchemy still builds the SQL, converts every parameter
+and column with the types' own processors, keeps the prepared statements (its cache, per
+connection), owns the pool (its liveness check, size and gauge), tells its cursor-execute
+listeners and raises its own exceptions, so callers see the same rows and errors.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class Prepared:
         self._defaults: dict[str, Any] = {}
 
     def compiled(self, dialect: Dialect) -> SQLCompiler:
-        """Compile once (the service has one dialect; another one compiles again)."""
+        """Compile once. Each engine has a dialect of its own: a statement run by one engine,
+        then by another, compiles again (each statement here runs on one engine)."""
         if self._compiled is None or dialect is not self._dialect:
             compiled = self.statement.compile(dialect=dialect)
             assert isinstance(compiled, SQLCompiler) and compiled.positional
