@@ -49,7 +49,7 @@ class Prepared:
         self._compiled: SQLCompiler | None = None
         self._binds: list[tuple[str, Processor]] = []
         self._meta = SimpleResultMetaData([])
-        self._returns_rows = False
+        self.returns_rows = False
         self._expands = False
         self._defaults: dict[str, Any] = {}
 
@@ -68,7 +68,7 @@ class Prepared:
                 [c.keyname for c in columns],
                 _processors=[c.type._cached_result_processor(dialect, None) for c in columns],
             )
-            self._returns_rows = bool(columns)
+            self.returns_rows = bool(columns)
             self._defaults = _defaults(compiled)
             self._expands = bool(compiled.post_compile_params or compiled.literal_execute_params)
             self._dialect, self._compiled = dialect, compiled
@@ -95,10 +95,6 @@ class Prepared:
 
     def rows(self, records: Sequence[Any], rowcount: int) -> Rows:
         return Rows(self._meta, records, rowcount)
-
-    @property
-    def returns_rows(self) -> bool:
-        return self._returns_rows
 
 
 # Statements marked by `prepared`, by identity: each is a module constant, held here, so no
