@@ -40,6 +40,7 @@ from agent.runtime import AgentRuntime
 from agent.scope import TurnScope, scoped
 from storage.approval_store import ApprovalStore
 from storage.domain import Approval, Approved, Claim, NotStarted, Thread
+from storage.held_saves import Held, holding
 from storage.lifecycle import IllegalTransition
 from storage.session_store import starting
 
@@ -127,7 +128,7 @@ class Turns:
 
         try:
             async with self.leases.kept(keep, f"the thread of conversation {conversation}", until):
-                out = await self._run(
+                out, saved = await self._run(
                     scope,
                     held.snapshot_id,
                     _told(on_text, thread, requester),
@@ -135,7 +136,7 @@ class Turns:
                 )
                 if out.finish_reason == AgentFinishReason.INTERRUPTED:
                     turn, approvals = await self.interrupts.paused(conversation, thread, scope, out)
-                    await self.store.turns.pause(turn, approvals)
+                    await self.store.turns.pause(turn, approvals, saved)
                     return AwaitingApproval(thread, approvals, _covered(scope))
         except asyncio.CancelledError:  # a clean shutdown cut it off: free the thread now
             await self.store.turns.release_thread(conversation, snapshot_id=None)
@@ -150,7 +151,7 @@ class Turns:
             )
             await self._release(conversation, snapshot_id=None)
             return Failed(thread, model_unavailable=scope.model.unanswered)
-        await self._release(conversation, snapshot_id=out.snapshot_id)
+        await self._release(conversation, snapshot_id=out.snapshot_id, held=saved)
         return Reply(thread, out.text, _covered(scope))
 
     async def _resume(
@@ -185,7 +186,7 @@ class Turns:
         try:
             lease = f"the lease of turn {turn_id}"
             async with self.leases.kept(self._renewal(claim), lease, until, on_lost=stop):
-                out = await self._resume_run(claim, scope, on_text)
+                out, held = await self._resume_run(claim, scope, on_text)
         except asyncio.CancelledError:
             await self._let_go(claim)
             if lost.is_set() and resume is not None and resume.uncancel() == 0:
@@ -200,11 +201,11 @@ class Turns:
                 extra={"turn_id": turn_id},
             )
             return await self._resume_failed(claim, model_unavailable=scope.model.unanswered)
-        return await self._resumed(claim, scope, out)
+        return await self._resumed(claim, scope, out, held)
 
     async def _resume_run(
         self, claim: Claim, scope: TurnScope, on_text: TextSink | None
-    ) -> AgentResponse[Any]:
+    ) -> tuple[AgentResponse[Any], Held | None]:
         """The calls approved with changes run first (agent/gate.py `run_edited`); then one
         resume answers every interrupt of the turn. Whoever's words it sends the model (an
         answer, a denial's reason, a note) joins the conversation's participants first: none
@@ -221,17 +222,20 @@ class Turns:
         )
 
     async def _resumed(
-        self, claim: Claim, scope: TurnScope, out: AgentResponse[Any]
+        self, claim: Claim, scope: TurnScope, out: AgentResponse[Any], held: Held | None
     ) -> Resumed | None:
-        """End the resumed turn (COMPLETE), or, when it stopped on new interrupts, end it
-        and pause the next in one write; None when the lease was lost meanwhile."""
+        """End the resumed turn (COMPLETE, with its snapshot), or, when it stopped on new
+        interrupts, end it and pause the next in one write; None when the lease was lost
+        meanwhile."""
         thread = claim.thread
         try:
             if out.finish_reason != AgentFinishReason.INTERRUPTED:
                 settled = await self.store.turns.complete(
-                    claim, now=self.clock(), snapshot_id=out.snapshot_id
+                    claim, now=self.clock(), snapshot_id=out.snapshot_id, held=held
                 )
                 return Resumed(Reply(thread, out.text, _covered(scope)), settled)
+            if held is not None:  # chained interrupts, rare: the snapshot goes in first
+                await held.flush()
             turn, approvals = await self.interrupts.paused(
                 claim.conversation_id, thread, scope, out
             )
@@ -308,13 +312,18 @@ class Turns:
                 pass  # answered meanwhile (the button), or its form wants a modal
         return Busy(thread, waiting)
 
-    async def _release(self, conversation_id: str, *, snapshot_id: str | None) -> None:
-        """Free the thread, trying again through a short database outage; after that its
-        hold runs out by itself (turn timeout plus lease)."""
+    async def _release(
+        self, conversation_id: str, *, snapshot_id: str | None, held: Held | None = None
+    ) -> None:
+        """Free the thread (continuing from `snapshot_id`, written with it when `held`),
+        trying again through a short database outage; after that its hold runs out by
+        itself (turn timeout plus lease)."""
         for delay in RELEASE_BACKOFF:
             await asyncio.sleep(delay)
             try:
-                await self.store.turns.release_thread(conversation_id, snapshot_id=snapshot_id)
+                await self.store.turns.release_thread(
+                    conversation_id, snapshot_id=snapshot_id, held=held
+                )
                 return
             except Exception:
                 log.warning("could not free conversation %s", conversation_id, exc_info=True)
@@ -336,16 +345,22 @@ class Turns:
         snapshot_id: str | None,
         told: Told,
         start: Callable[[AgentChat[Any]], Any],
-    ) -> AgentResponse[Any]:
-        """Run one Genkit turn in this workspace's scope, telling its text as it grows."""
+    ) -> tuple[AgentResponse[Any], Held | None]:
+        """Run one Genkit turn in this workspace's scope, telling its text as it grows; with
+        the snapshot it saved held back, for the statement that ends the turn to write
+        (storage/held_saves.py; dropped if the turn fails: nothing will point at it)."""
         await told("")
         agent = self.runtime.agent
         new = None if snapshot_id else self.new_id()  # a new chat's session, made here
-        chat = agent.chat(snapshot_id=snapshot_id) if snapshot_id else agent.chat(session_id=new)
         # A model that never answers must not hold the thread (or a resume lease) forever.
         # Approved calls run under their own timeout meanwhile (agent/scope.py ModelTime).
         async with scope.model_time.limit(self.turn_timeout.total_seconds()):
-            with scoped(scope), starting(new):
+            with scoped(scope), starting(new), holding() as hold:
+                chat = (
+                    agent.chat(snapshot_id=snapshot_id)
+                    if new is None
+                    else agent.chat(session_id=new)
+                )
                 turn = start(chat)
                 try:
                     said = ""
@@ -355,7 +370,9 @@ class Turns:
                             await told(said)
                 finally:
                     response: AgentResponse[Any] = await turn.response
-        return response
+        held = hold.take(response.snapshot_id)
+        await hold.flush()  # another it held (none that Genkit 0.12 makes)
+        return response, held
 
 
 def _scope(

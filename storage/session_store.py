@@ -35,8 +35,10 @@ from genkit.model import Message
 from pydantic import TypeAdapter
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from storage import held_saves
 from storage.db import Db, SessionFactory, autocommit
 from storage.driver import prepared
+from storage.held_saves import Held, Holding
 from storage.models import MessageRow, SnapshotRow
 
 current_team: ContextVar[str | None] = ContextVar("greenlight_current_team", default=None)
@@ -127,6 +129,7 @@ _new = {c: sa.bindparam(f"new_{c}", type_=S.c[c].type) for c in _VALUES}
 # PostgreSQL only: a new row and its messages in one statement, atomic without a transaction.
 # The row goes in only if it inherits nothing or its parent's digest is still the one read
 # (locked FOR SHARE till the statement commits, as PARENT is); `created` is 0 rows if not.
+# A turn's ending statement writes a held row with it (storage/turns.py), gated on CREATED.
 _unchanged = (
     sa.select(S.c.snapshot_id)
     .where(
@@ -137,29 +140,36 @@ _unchanged = (
     .with_for_update(read=True)
     .cte("unchanged")
 )
-_created = (
+# Its first version is written out: SQLAlchemy fills a Python default in only for the
+# statement's own INSERT, not for one in a CTE of another (a turn's ending statement).
+_FIRST = sa.literal(S.c.version.default.arg, S.c.version.type)  # type: ignore[union-attr]
+CREATED = (
     sa.insert(S)
     .from_select(
-        ["team_id", "snapshot_id", *_VALUES],
-        sa.select(_team, sa.bindparam("sid", type_=S.c.snapshot_id.type), *_new.values()).where(
-            sa.or_(_new["inherited"] == 0, sa.exists(_unchanged.select()))
-        ),
+        ["team_id", "snapshot_id", *_VALUES, "version"],
+        sa.select(
+            _team, sa.bindparam("sid", type_=S.c.snapshot_id.type), *_new.values(), _FIRST
+        ).where(sa.or_(_new["inherited"] == 0, sa.exists(_unchanged.select()))),
     )
     .returning(S.c.team_id, S.c.snapshot_id, S.c.inherited)
     .cte("created")
 )
 _tail = sa.func.json_array_elements(sa.cast(sa.bindparam("tail", type_=sa.Text), sa.JSON))
 _elements = _tail.table_valued("value", with_ordinality="n").render_derived()
-_stored = sa.insert(M).from_select(
-    ["team_id", "snapshot_id", "position", "data"],
-    sa.select(
-        _created.c.team_id,
-        _created.c.snapshot_id,
-        _created.c.inherited + _elements.c.n - 1,
-        _elements.c.value,
-    ).select_from(_created.join(_elements, sa.true())),
+STORED = (
+    sa.insert(M)
+    .from_select(
+        ["team_id", "snapshot_id", "position", "data"],
+        sa.select(
+            CREATED.c.team_id,
+            CREATED.c.snapshot_id,
+            CREATED.c.inherited + _elements.c.n - 1,
+            _elements.c.value,
+        ).select_from(CREATED.join(_elements, sa.true())),
+    )
+    .cte("stored")
 )
-CREATE = prepared(sa.select(sa.func.count()).select_from(_created).add_cte(_stored.cte("stored")))
+CREATE = prepared(sa.select(sa.func.count()).select_from(CREATED).add_cte(STORED))
 CAS = (
     sa.update(S)
     .where(_KEY, S.c.version == sa.bindparam("seen"))
@@ -275,6 +285,8 @@ class SqlSessionStore(SessionStore[Any]):
         if snapshot_id is not None:
             assert_safe_snapshot_id(snapshot_id=snapshot_id)  # as FileSessionStore does
         team = self.team(context)
+        if (hold := held_saves.current()) is not None:
+            await hold.flush()  # whatever it reads, it reads as written
         if snapshot_id is None and session_id is not None and session_id == _starting.get():
             return None  # a session made for this turn: no query finds what cannot be there
         async with autocommit(self._sessions) as s:  # single statements: no BEGIN, no COMMIT
@@ -300,11 +312,18 @@ class SqlSessionStore(SessionStore[Any]):
     ) -> SessionSnapshot | None:
         """Atomic read-modify-write of one snapshot under Genkit's own rules (`apply_save`)."""
         assert_safe_snapshot_id(snapshot_id=snapshot_id)
-        team = self.team(context)
+        hold = held_saves.current()
+        if hold is not None:
+            await hold.flush()  # a second save in one turn: the first goes in first
+        return await self._saved(self.team(context), snapshot_id, fn, hold)
+
+    async def _saved(
+        self, team: str, snapshot_id: str, fn: SaveFn, hold: Holding | None
+    ) -> SessionSnapshot | None:
         for attempt in range(self._max_attempts):
             try:
                 new = attempt == 0 and (team, snapshot_id) not in self._leaves
-                return await self._save(team, snapshot_id, fn, new=new)
+                return await self._save(team, snapshot_id, fn, new=new, hold=hold)
             except (_Conflict, DBAPIError) as exc:
                 if not _retryable(exc):
                     raise
@@ -315,14 +334,15 @@ class SqlSessionStore(SessionStore[Any]):
         )
 
     async def _save(
-        self, team: str, snapshot_id: str, fn: SaveFn, *, new: bool
+        self, team: str, snapshot_id: str, fn: SaveFn, *, new: bool, hold: Holding | None
     ) -> SessionSnapshot | None:
         """A missing row has nothing to lock: it is written (one statement) in autocommit,
         no BEGIN or COMMIT. `new`: the id is likely new (this store did not create it, and
         Genkit reserves a new id per turn), so fn is asked first and what it makes is
         written straight away, without a lookup; a row that exists after all fails the
         insert (its primary key), and the retry looks it up. A lookup comes first
-        otherwise, or when fn makes nothing of a missing row (an update: heartbeat, abort)."""
+        otherwise, or when fn makes nothing of a missing row (an update: heartbeat, abort).
+        `hold`: a new row is held back there for the turn's ending statement to write."""
         async with autocommit(self._sessions) as s:
             snap = apply_save(existing=None, snapshot_id=snapshot_id, fn=fn) if new else None
             exists = False
@@ -332,7 +352,9 @@ class SqlSessionStore(SessionStore[Any]):
                 if not (exists or new):
                     snap = apply_save(existing=None, snapshot_id=snapshot_id, fn=fn)
             if not exists:
-                if snap is not None:
+                if snap is not None and new and hold is not None:
+                    hold.held = await self._held(s, team, snap, fn)
+                elif snap is not None:
                     await self._create(s, team, snap)
                 return snap
         return await self._save_locked(team, snapshot_id, fn)
@@ -398,14 +420,35 @@ class SqlSessionStore(SessionStore[Any]):
 
     async def _create(self, s: Db, team: str, snap: SessionSnapshot) -> None:
         """A new row and its messages in one statement (PostgreSQL, autocommit)."""
+        params, as_parent = await self._creating(s, team, snap)
+        if (await s.execute(CREATE, params)).scalar() != 1:
+            raise _Conflict  # the parent changed since it was read
+        self._remember(team, snap.snapshot_id, as_parent)
+
+    async def _creating(
+        self, s: Db, team: str, snap: SessionSnapshot
+    ) -> tuple[dict[str, Any], _Peek]:
+        """CREATE's parameters, and the row as a child's PEEK will read it."""
         plan = await self._plan(s, team, snap, locked=False)
         params = {f"new_{c}": v for c, v in plan.values.items()}
         params |= {"team": team, "sid": snap.snapshot_id, "parent_digest": plan.proof}
-        if (await s.execute(CREATE, {**params, "tail": _json(plan.tail).decode()})).scalar() != 1:
-            raise _Conflict  # the parent changed since it was read
-        self._leaves[(team, snap.snapshot_id)] = plan.as_parent
+        return params | {"tail": _json(plan.tail).decode()}, plan.as_parent
+
+    def _remember(self, team: str, snapshot_id: str, as_parent: _Peek) -> None:
+        self._leaves[(team, snapshot_id)] = as_parent
         if len(self._leaves) > _LEAVES:
             del self._leaves[next(iter(self._leaves))]  # the oldest
+
+    async def _held(self, s: Db, team: str, snap: SessionSnapshot, fn: SaveFn) -> Held:
+        """A new row held back (storage/held_saves.py): CREATE's parameters, for the turn's
+        ending statement, and how to write it alone if that statement does not."""
+        params, as_parent = await self._creating(s, team, snap)
+        sid = snap.snapshot_id
+
+        async def flush() -> None:
+            await self._saved(team, sid, fn, None)  # looked up first if it exists already
+
+        return Held(sid, params, lambda: self._remember(team, sid, as_parent), flush)
 
     async def _write(self, s: Db, team: str, snap: SessionSnapshot, old: _Row | None) -> None:
         """Insert, or compare-and-swap, the row; store only the messages the parent lacks."""

@@ -128,7 +128,8 @@ class Atomic:
 
     `change` is a conditional UPDATE (or an INSERT) with RETURNING; each of `then` is a row
     to insert (`NewRow`) or an UPDATE; `read`, if given, builds what to return from the changed
-    row (by default, the changed row itself). All of it is one statement: the change as a
+    row (by default, the changed row itself); `also`: writes the change is gated on (a
+    held snapshot's, storage/turns.py). All of it is one statement: the change as a
     data-modifying CTE, each write and the read reading from it, so all or none commit with
     no transaction around them: one round trip where a transaction takes four to six
     (README, Performance, says what that is worth).
@@ -139,6 +140,7 @@ class Atomic:
         change: sa.Update | sa.Insert,
         *then: NewRow | sa.Update,
         read: Callable[[sa.FromClause], sa.Select[Any]] | None = None,
+        also: Sequence[sa.CTE] = (),
     ) -> None:
         changed = change.cte("changed")
         writes = [
@@ -146,7 +148,8 @@ class Atomic:
             for t in then
         ]
         result = sa.select(changed) if read is None else read(changed)
-        self.one = prepared(result.add_cte(*(w.cte(f"then{i}") for i, w in enumerate(writes))))
+        ctes = [*(w.cte(f"then{i}") for i, w in enumerate(writes)), *also]
+        self.one = prepared(result.add_cte(*ctes))
 
     async def run(
         self, sessions: SessionFactory, params: Mapping[str, Any]

@@ -21,6 +21,7 @@ from storage import audit
 from storage.db import SessionFactory, autocommit
 from storage.domain import Approval, Claim, PausedTurn, Thread
 from storage.driver import prepared
+from storage.held_saves import Held
 from storage.lifecycle import (
     CLAIM,
     COMPLETE,
@@ -44,6 +45,7 @@ from storage.rows import (
     thread_params,
     with_votes,
 )
+from storage.session_store import CREATED, STORED
 from storage.transitions import NOW, A, Atomic, C, NewRow, T, guard, write
 
 OF_TURN = prepared(LOCATED.where(A.c.turn_id == sa.bindparam("turn")))
@@ -85,15 +87,28 @@ END = {
     t: Atomic(write(t, lease_until=None, updated_at=NOW), RELEASE, read=_approvals_of)
     for t in (COMPLETE, GIVE_UP)
 }
+UNIQUE_VIOLATION = "23505"
+# The same with the turn's held snapshot (storage/held_saves.py), each gated on its row.
+_SAVED = sa.exists(CREATED.select())
+COMPLETE_SAVING = Atomic(
+    write(COMPLETE, lease_until=None, updated_at=NOW).where(_SAVED),
+    RELEASE,
+    read=_approvals_of,
+    also=(STORED,),
+)
+RELEASE_SAVING = prepared(RELEASE.where(_SAVED).returning(C.c.id).add_cte(STORED))
 
 
 @functools.cache
-def paused_turn(approvals: int, after: Transition | None = None) -> Atomic:
+def paused_turn(approvals: int, after: Transition | None = None, *, saving: bool = False) -> Atomic:
     """PAUSE a turn with `approvals` REQUESTs and their audit rows; `after`: the turn a
-    resume COMPLETEs in the same breath (its interrupts chained). Built once per shape."""
+    resume COMPLETEs in the same breath (its interrupts chained); `saving`: with the turn's
+    held snapshot, paused only if its row went in. Built once per shape."""
     turn = NewRow(T, "t_")
     rows = [NewRow(A, f"a{i}_") for i in range(approvals)]
     notes = [NewRow(audit.TABLE, f"e{i}_") for i in range(approvals)]
+    if after is None and saving:
+        return Atomic(turn.after(CREATED).returning(T.c.id), *rows, *notes, also=(STORED,))
     if after is None:
         return Atomic(turn.alone().returning(T.c.id), *rows, *notes)
     ended = write(after, lease_until=None, updated_at=NOW)
@@ -221,10 +236,35 @@ class TurnStore:
             kept = await db.execute(KEEP_THREAD, {"conversation": conversation_id, "until": until})
         return count(kept) == 1
 
-    async def release_thread(self, conversation_id: str, *, snapshot_id: str | None) -> None:
-        """Free the thread; the next message continues from `snapshot_id` when given."""
+    async def release_thread(
+        self, conversation_id: str, *, snapshot_id: str | None, held: Held | None = None
+    ) -> None:
+        """Free the thread; the next message continues from `snapshot_id` when given (and
+        `held`, that snapshot's row, is written with it)."""
+        values = {"conversation": conversation_id, "snapshot": snapshot_id}
+        if held is not None and await self._saving(RELEASE_SAVING, values, held):
+            return
         async with autocommit(self._sessions) as db:
-            await db.execute(RELEASE, {"conversation": conversation_id, "snapshot": snapshot_id})
+            await db.execute(RELEASE, values)
+
+    async def _saving(
+        self, statement: sa.Executable, values: dict[str, Any], held: Held
+    ) -> Sequence[sa.Row[Any]]:
+        """What `statement`, run with the held snapshot's row, read; nothing when it wrote
+        nothing, and then the snapshot is written alone, for the caller's plain statement
+        to point at."""
+        try:
+            async with autocommit(self._sessions) as db:
+                rows = (await db.execute(statement, values | held.params)).all()
+        except IntegrityError as taken:  # its id, or a row of the statement's own, is taken
+            if getattr(taken.orig, "sqlstate", None) != UNIQUE_VIOLATION:
+                raise
+            rows = []
+        if rows:
+            held.written()
+        else:
+            await held.flush()
+        return rows
 
     async def knows(self, thread: Thread) -> bool:
         """Whether the thread is a conversation already."""
@@ -238,10 +278,16 @@ class TurnStore:
 
     # -- paused turns --------------------------------------------------------------------
 
-    async def pause(self, turn: PausedTurn, approvals: Sequence[Approval]) -> None:
-        """PAUSE the turn and REQUEST each approval, audited, atomically. The thread stays
-        held: the open turn keeps later messages out until a resume ends it."""
-        await paused_turn(len(approvals)).run(self._sessions, pause_params(turn, approvals))
+    async def pause(
+        self, turn: PausedTurn, approvals: Sequence[Approval], held: Held | None = None
+    ) -> None:
+        """PAUSE the turn and REQUEST each approval, audited, atomically (with `held`, the
+        turn's snapshot). The thread stays held: the open turn keeps later messages out
+        until a resume ends it."""
+        values = pause_params(turn, approvals)
+        saving = paused_turn(len(approvals), saving=True).one
+        if held is None or not await self._saving(saving, values, held):
+            await paused_turn(len(approvals)).run(self._sessions, values)
 
     async def claim(self, turn_id: str, *, now: datetime, lease_until: datetime) -> Claim:
         """CLAIM a turn to resume it, with its approvals (every one decided)."""
@@ -275,10 +321,15 @@ class TurnStore:
                 raise await refusal(db, LET_GO, EXPLAIN_TURN, values)
 
     async def complete(
-        self, claim: Claim, *, now: datetime, snapshot_id: str | None
+        self, claim: Claim, *, now: datetime, snapshot_id: str | None, held: Held | None = None
     ) -> tuple[Approval, ...]:
         """COMPLETE the resumed turn and free its thread to continue from `snapshot_id`,
-        atomically; returns the turn's approvals, settled."""
+        atomically (with `held`, that snapshot's row); returns the turn's approvals, settled."""
+        if held is not None:
+            values = _claimed(claim) | {"now": now, "conversation": claim.conversation_id}
+            values |= {"snapshot": snapshot_id}
+            if rows := await self._saving(COMPLETE_SAVING.one, values, held):
+                return await with_votes(self._sessions, located(rows))
         return await self._end(COMPLETE, claim, now=now, snapshot_id=snapshot_id)
 
     async def give_up(self, claim: Claim, *, now: datetime) -> tuple[Approval, ...]:

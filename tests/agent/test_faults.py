@@ -22,7 +22,7 @@ from storage.models import ApprovalRow, ConversationRow, MessageRow, SnapshotRow
 from tests.agent.conftest import gemini_workflow
 from tests.conftest import pg_test_url
 from tests.fakes.gemini import FakeGemini, error, text
-from tests.fakes.scripted_model import ScriptedModel, text as scripted_text
+from tests.fakes.scripted_model import ScriptedModel, calls as scripted_calls, text as scripted_text
 
 
 @pytest.fixture
@@ -88,29 +88,53 @@ async def assert_every_snapshot_whole(engine: AsyncEngine, team: str) -> None:
 async def test_connection_killed_mid_save_fails_cleanly_and_next_message_works(
     fault_engine: AsyncEngine, pg_engine: AsyncEngine, team: str
 ) -> None:
+    """The snapshot of a turn that pauses goes in with the pause (storage/held_saves.py):
+    killed there, neither is written, and the thread continues from before the turn."""
     workflow, model = scripted_workflow(fault_engine)
     thread = Thread(team, "D0FAULT", "1.0")
-    model.script(scripted_text("first answer"))
+    model.script(scripted_calls(("transferMoney", {"amount": 5, "toAccount": "12345"})))
     killed = kill_connection_on(fault_engine, "INSERT INTO AGENT_MESSAGES")
 
     outcome = await workflow.turns.start(thread, "U_EMP", "hello")
 
     assert killed, "the fault was never injected"
+    assert "INSERT INTO APPROVALS" in " ".join(killed[0].upper().split())  # the pause's own
     assert outcome == Failed(thread)
-    # The killed transaction left nothing; Genkit then recorded the turn as failed, whole.
-    assert await snapshots(pg_engine, team) == {"failed": 1}
-    await assert_every_snapshot_whole(pg_engine, team)
+    assert await snapshots(pg_engine, team) == {}  # nothing half-written
     assert await count(pg_engine, ApprovalRow, team) == 0
 
     model.script(scripted_text("second answer"))
     second = await workflow.turns.start(thread, "U_EMP", "hello again")
     assert second == Reply(thread, "second answer")
-    assert await snapshots(pg_engine, team) == {"failed": 1, "completed": 1}
+    assert await snapshots(pg_engine, team) == {"completed": 1}
     await assert_every_snapshot_whole(pg_engine, team)
     assert await count(pg_engine, ConversationRow, team) == 1
     # The next turn continued from before the failed one, not from its wreckage.
     [request] = model.requests[-1:]
     assert [m.content[0].text for m in request.messages if m.role == "user"] == ["hello again"]
+
+
+async def test_connection_killed_as_a_reply_is_saved_writes_it_whole_on_the_retry(
+    fault_engine: AsyncEngine, pg_engine: AsyncEngine, team: str
+) -> None:
+    """A reply's snapshot goes in with the thread's release, which is tried again after a
+    lost connection: the turn's reply stands, its snapshot whole, and the thread goes on
+    from it."""
+    workflow, model = scripted_workflow(fault_engine)
+    thread = Thread(team, "D0FAULT", "1.5")
+    model.script(scripted_text("first answer"))
+    killed = kill_connection_on(fault_engine, "INSERT INTO AGENT_MESSAGES")
+
+    assert await workflow.turns.start(thread, "U_EMP", "hello") == Reply(thread, "first answer")
+
+    assert killed and "UPDATE CONVERSATIONS" in " ".join(killed[0].upper().split())
+    assert await snapshots(pg_engine, team) == {"completed": 1}
+    await assert_every_snapshot_whole(pg_engine, team)
+    model.script(scripted_text("second answer"))
+    assert await workflow.turns.start(thread, "U_EMP", "again") == Reply(thread, "second answer")
+    [request] = model.requests[-1:]
+    said = [m.content[0].text for m in request.messages if m.role == "user"]
+    assert said == ["hello", "again"]
 
 
 async def test_gemini_error_is_reported_and_the_session_stays_usable(
