@@ -115,7 +115,7 @@ def _workflow(
 ) -> Workflow:
     """The workflow's jobs, each given what it needs."""
     clock, new_id = watch.clock, standing.new_id
-    decisions = Decisions(runtime, store, policies, watch, clock)
+    decisions = Decisions(runtime, store, policies, watch, clock, timing.lease)
     turns = Turns(
         runtime,
         store,

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from agent.policy import Policy
-from storage.domain import Approval, RefusalReason, Thread
+from storage.domain import Approval, Claim, RefusalReason, Thread
 from storage.retention import Purged
 
 
@@ -65,6 +65,8 @@ class Failed:
 class Decided:
     approval: Approval
     turn_ready: bool  # every request of the paused turn is now settled
+    # The turn, claimed by the decision's own write for the caller to resume (`resume_here`).
+    claim: Claim | None = None
 
     @property
     def turn_id(self) -> str:

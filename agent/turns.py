@@ -92,10 +92,12 @@ class Turns:
         on_text: TextSink | None = None,
         *,
         on_ran: Callable[[Approval], None] | None = None,
+        claim: Claim | None = None,
     ) -> Resumed | None:
         """Resume a fully decided turn, once. None when it is not ready or someone else has it.
-        `on_ran`: told of each approved call as soon as its output is recorded."""
-        return await self.watch.turn(self._resume(turn_id, on_text, on_ran))
+        `on_ran`: told of each approved call as soon as its output is recorded; `claim`: the
+        turn as the decision that readied it claimed it (`Decided.claim`)."""
+        return await self.watch.turn(self._resume(turn_id, on_text, on_ran, claim))
 
     async def _start(
         self,
@@ -155,12 +157,18 @@ class Turns:
         return Reply(thread, out.text, _covered(scope))
 
     async def _resume(
-        self, turn_id: str, on_text: TextSink | None, on_ran: Callable[[Approval], None] | None
+        self,
+        turn_id: str,
+        on_text: TextSink | None,
+        on_ran: Callable[[Approval], None] | None,
+        claimed: Claim | None,
     ) -> Resumed | None:
         now = self.clock()
         until = now + self.leases.lease
         try:
-            claim = await self.store.turns.claim(turn_id, now=now, lease_until=until)
+            claim = claimed or await self.store.turns.claim(turn_id, now=now, lease_until=until)
+            if claimed is not None:  # leased since the decision: fresh again, if it waited
+                until = await self._fresh(claimed, now)
         except IllegalTransition as refused:
             log.debug("turn %s not resumed here: %s", turn_id, refused, extra={"turn_id": turn_id})
             return None
@@ -250,6 +258,15 @@ class Turns:
                 extra={"turn_id": claim.turn_id},
             )
             return None
+
+    async def _fresh(self, claim: Claim, now: datetime) -> datetime:
+        """When the lease of a claim made earlier (a decision's) runs out: renewed first if
+        the resume waited for a slot past a third of it (IllegalTransition: taken over)."""
+        until = claim.lease_until or now
+        if until - now < self.leases.lease * 2 / 3:
+            until = now + self.leases.lease
+            await self.store.turns.renew(claim, until=until)
+        return until
 
     def _renewal(self, claim: Claim) -> Renew:
         """RENEW the claim's lease; False once another process took the turn over."""

@@ -116,7 +116,7 @@ class Requests:
         await self._owe(approval, key, callback_url)
         if allowed:
             now = self._g.clock()
-            approval, _ = await self._g.approvals.decisions.decide(
+            approval, _, _ = await self._g.approvals.decisions.decide(
                 approval, Approved(ALLOWED_BY, now, "allowed by policy")
             )
         return approval, True

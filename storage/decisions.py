@@ -22,6 +22,7 @@ from storage.domain import (
     Approval,
     ApprovalState,
     Approved,
+    Claim,
     Denied,
     Edit,
     Vote,
@@ -31,6 +32,7 @@ from storage.driver import prepared
 from storage.lifecycle import (
     ANSWER,
     APPROVE,
+    CLAIM,
     DENY,
     EDIT,
     EXPIRE,
@@ -56,7 +58,8 @@ from storage.rows import (
     thread_of,
     with_votes,
 )
-from storage.transitions import NOW, ROW_ID, SIBLING, A, Atomic, NewRow, V, guard, write
+from storage.transitions import NOW, ROW_ID, SIBLING, A, Atomic, NewRow, T, V, guard, write
+from storage.turns import CLAIMING
 
 # An approval to decide, with its tool's stored policy (None: the defaults) in one query.
 _P = cast(sa.Table, PolicyRow.__table__)
@@ -76,6 +79,26 @@ OTHERS_PENDING = (
     .label("others_pending")
 )
 _completes = guard(APPROVE)  # read off the row as it was: this vote completes the quorum
+
+
+def _claim_its_turn(changed: sa.CTE) -> sa.Update:
+    """CLAIM the decided request's turn in the decision's own write (`claiming`), when it
+    was the turn's only request and the decision settled it (not a vote short of its
+    quorum): ALL_DECIDED, which cannot see the statement's own change, read off the
+    changed row instead. Else nothing, and the resume claims the turn on its own."""
+    alone = ~sa.exists().where(SIBLING.c.turn_id == T.c.id, SIBLING.c.id != changed.c.id)
+    return (
+        sa.update(T)
+        .where(
+            sa.bindparam("claiming", type_=sa.Boolean()),
+            T.c.id == changed.c.turn_id,
+            changed.c.status != ApprovalState.PENDING,
+            alone,
+            guard(CLAIM, but=(Requirement.ALL_DECIDED,)),
+        )
+        .values(state=CLAIM.enters, **CLAIMING)
+        .returning(T.c.conversation_id, T.c.snapshot_id, T.c.attempts)
+    )
 
 
 _EDITED = sa.bindparam("edited", type_=sa.JSON(none_as_null=True))
@@ -110,12 +133,14 @@ APPROVING = Atomic(
     .returning(A, OTHERS_PENDING),
     NewRow(V, "vote_"),
     NOTE,
+    follow=_claim_its_turn,
 )
 DENYING = Atomic(
     write(
         DENY, decided_by=sa.bindparam("by"), decided_at=NOW, reason=sa.bindparam("because")
     ).returning(OTHERS_PENDING),
     NOTE,
+    follow=_claim_its_turn,
 )
 WITHDRAWING = Atomic(
     write(WITHDRAW, decided_by=sa.bindparam("by"), decided_at=NOW).returning(OTHERS_PENDING),
@@ -175,11 +200,14 @@ class DecisionStore:
         *,
         edited: Edit | None = None,
         seen: int | None = None,
-    ) -> tuple[Approval, int]:
+        claim_until: datetime | None = None,
+    ) -> tuple[Approval, int, Claim | None]:
         """An Approve of version `seen` (VOTE, or APPROVE once it completes the quorum;
         `edited`: with changes, of a request one approver decides, approving the version
-        they make) or a DENY of it, audited; the approval as it is now, and how many of its
-        turn's approvals still wait. IllegalTransition (with the current approval) when it
+        they make) or a DENY of it, audited; the approval as it is now, how many of its
+        turn's approvals still wait, and (`claim_until`: for a caller that resumes the turn
+        at once) the turn CLAIMed in the same write, leased until then, when this decision
+        settled its only request. IllegalTransition (with the current approval) when it
         was decided already, its deadline passed, this person approved it before, or `seen`
         (by default: `approval`'s version) is no longer the current version."""
         seen = approval.version if seen is None else seen
@@ -190,9 +218,11 @@ class DecisionStore:
         params: dict[str, Any] = {"by": decision.by, "because": decision.reason}
         params |= {"now": decision.at, "edited": edited.input if edited else None}
         params |= {"new_preview": edited.preview if edited else None, "seen": seen}
+        params |= {"claiming": claim_until is not None, "lease": claim_until}
         if isinstance(decision, Denied):
             row = await change(self._sessions, DENYING, DENY, decided, decision.at, params)
-            return approval_of(row._mapping, approval.thread), int(row.others_pending)
+            [now] = await with_votes(self._sessions, [approval_of(row._mapping, approval.thread)])
+            return now, int(row.others_pending), _claimed(row, now, claim_until)
         vote = NewRow(V, "vote_").params(
             {"approval_id": approval.id, "voter": decision.by, "at": decision.at}
             | {"version": version, "note": decision.reason}
@@ -214,7 +244,7 @@ class DecisionStore:
                 values = key(approval) | params
                 raise await refusal(db, VOTE, EXPLAIN_APPROVAL, values) from None
         [now] = await with_votes(self._sessions, [approval_of(row._mapping, approval.thread)])
-        return now, int(row.others_pending)
+        return now, int(row.others_pending), _claimed(row, now, claim_until)
 
     async def edit(
         self, approval: Approval, edit: Edit, *, seen: int | None = None, note: str | None = None
@@ -263,3 +293,18 @@ class DecisionStore:
         """EXPIRE a pending approval past its deadline, audited."""
         row = await change(self._sessions, EXPIRE_ONE, EXPIRE, approval, now, {"now": now})
         return approval_of(row._mapping, approval.thread)
+
+
+def _claimed(row: sa.Row[Any], approval: Approval, until: datetime | None) -> Claim | None:
+    """The claim a decision's write made of its turn (`_claim_its_turn`), if it made one."""
+    if row.followed_attempts is None:
+        return None
+    return Claim(
+        turn_id=approval.turn_id,
+        conversation_id=row.followed_conversation_id,
+        thread=approval.thread,
+        snapshot_id=row.followed_snapshot_id,
+        attempt=row.followed_attempts,
+        approvals=(approval,),
+        lease_until=until,
+    )

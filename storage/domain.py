@@ -451,6 +451,7 @@ class Claim:
     snapshot_id: str
     attempt: int
     approvals: tuple[Approval, ...]
+    lease_until: datetime | None = None  # as claimed (renewals move it on)
 
 
 @dataclass(frozen=True)

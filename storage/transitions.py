@@ -85,16 +85,18 @@ STATE_COLUMN = {
 TABLE_OF = {subject: T if subject == Subject.TURN else A for subject in Subject}
 
 
-def guard(transition: Transition) -> sa.ColumnElement[bool]:
+def guard(transition: Transition, *, but: tuple[Requirement, ...] = ()) -> sa.ColumnElement[bool]:
     """The transition's WHERE clause: a state it may leave (with what that state requires)
-    and what it requires from any state."""
+    and what it requires from any state; `but`: requirements the caller's statement checks
+    its own way (one that must see the statement's own change)."""
     state = STATE_COLUMN[transition.subject]
     ways = [
-        sa.and_(state == source, *(REQUIREMENTS[r] for r in extra))
+        sa.and_(state == source, *(REQUIREMENTS[r] for r in extra if r not in but))
         for source, extra in transition.leaves.items()
         if source is not None
     ]
-    return sa.and_(sa.or_(*ways), *(REQUIREMENTS[r] for r in transition.requires))
+    rest = (REQUIREMENTS[r] for r in transition.requires if r not in but)
+    return sa.and_(sa.or_(*ways), *rest)
 
 
 def facts(transition: Transition) -> list[sa.ColumnElement[Any]]:
@@ -129,7 +131,10 @@ class Atomic:
     `change` is a conditional UPDATE (or an INSERT) with RETURNING; each of `then` is a row
     to insert (`NewRow`) or an UPDATE; `read`, if given, builds what to return from the changed
     row (by default, the changed row itself); `also`: writes the change is gated on (a
-    held snapshot's, storage/turns.py). All of it is one statement: the change as a
+    held snapshot's, storage/turns.py); `follow`: a write built from the changed row, which
+    decides itself whether to write, its RETURNING read beside the rest as `followed_*`
+    columns (null when it wrote nothing: a decision's claim of its turn, storage/decisions.py).
+    All of it is one statement: the change as a
     data-modifying CTE, each write and the read reading from it, so all or none commit with
     no transaction around them: one round trip where a transaction takes four to six
     (README, Performance, says what that is worth).
@@ -141,6 +146,7 @@ class Atomic:
         *then: NewRow | sa.Update,
         read: Callable[[sa.FromClause], sa.Select[Any]] | None = None,
         also: Sequence[sa.CTE] = (),
+        follow: Callable[[sa.CTE], sa.Update] | None = None,
     ) -> None:
         changed = change.cte("changed")
         writes = [
@@ -148,6 +154,10 @@ class Atomic:
             for t in then
         ]
         result = sa.select(changed) if read is None else read(changed)
+        if follow is not None:  # its row, if it wrote one, beside what is read
+            followed = follow(changed).cte("followed")
+            result = result.add_columns(*(c.label(f"followed_{c.key}") for c in followed.c))
+            result = result.outerjoin(followed, sa.true())
         ctes = [*(w.cte(f"then{i}") for i, w in enumerate(writes)), *also]
         self.one = prepared(result.add_cte(*ctes))
 

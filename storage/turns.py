@@ -65,10 +65,9 @@ def _approvals_of(turn: sa.FromClause) -> sa.Select[Any]:
     return LOCATED.add_columns(*fields).where(A.c.turn_id == turn.c.id)
 
 
-CLAIM_TURN = Atomic(
-    write(CLAIM, lease_until=sa.bindparam("lease"), attempts=T.c.attempts + 1, updated_at=NOW),
-    read=_approvals_of,
-)
+# What a CLAIM writes beside the state: a lease, and the attempt that names the claim.
+CLAIMING = {"lease_until": sa.bindparam("lease"), "attempts": T.c.attempts + 1, "updated_at": NOW}
+CLAIM_TURN = Atomic(write(CLAIM, **CLAIMING), read=_approvals_of)
 RENEW_LEASE = prepared(write(RENEW, lease_until=sa.bindparam("lease")))
 LET_GO_OF = prepared(write(LET_GO, lease_until=None, updated_at=NOW))
 RECOVERABLE = sa.select(T.c.id).where(guard(CLAIM))
@@ -303,6 +302,7 @@ class TurnStore:
             snapshot_id=rows[0].snapshot_id,
             attempt=rows[0].attempt,
             approvals=approvals,
+            lease_until=lease_until,
         )
 
     async def renew(self, claim: Claim, *, until: datetime) -> None:

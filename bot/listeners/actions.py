@@ -118,6 +118,7 @@ async def approve(
             facts=facts,
             seen=seen,
             standing=standing,
+            resume_here=True,  # `settled` resumes it
         )
     except DecisionRefused as refusal:
         await refuse(deps, client, refusal, asked, home=home)

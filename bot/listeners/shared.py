@@ -132,7 +132,9 @@ async def settled(deps: Deps, client: AsyncWebClient, decided: Decided) -> None:
         async def resume() -> None:
             streams = deps.delivery.streams(client)
             on_ran = ran.done if ran is not None else None
-            resumed = await deps.workflow.turns.resume(turn_id, on_text=streams, on_ran=on_ran)
+            resumed = await deps.workflow.turns.resume(
+                turn_id, on_text=streams, on_ran=on_ran, claim=decided.claim
+            )
             if resumed is not None:
                 await deps.delivery.resumed(client, resumed, streams)
             await streams.close_rest()

@@ -65,6 +65,7 @@ async def on_deny_submitted(
             reason=reason,
             facts=facts,
             seen=seen,
+            resume_here=True,  # `settled` resumes it
         )
     except DecisionRefused as refusal:
         text = refusals.refusal_text(refusal.reason, refusal.approval)
@@ -98,6 +99,7 @@ async def on_note_submitted(
             reason=note,
             facts=facts,
             seen=seen,
+            resume_here=True,  # `settled` resumes it
         )
     except DecisionRefused as refusal:
         text = refusals.refusal_text(refusal.reason, refusal.approval)

@@ -36,7 +36,7 @@ from tests.fakes.slack_api import Call, FakeSlack
 
 # Tasks of the service that run on a timer, not for a conversation.
 LOOPS = {"recovery sweep", "follow-ups", "gateway sweep", "gateway decisions", "gateway waiters"}
-SQL_PER_CONVERSATION = 12
+SQL_PER_CONVERSATION = 11
 SLACK_PER_CONVERSATION = Counter({"chat.postMessage": 3, "chat.update": 2, "users.info": 2})
 
 

@@ -439,12 +439,12 @@ async def quorum(db: Db, needed: int) -> Approval:
 
 async def test_a_quorum_needs_distinct_approvers_and_completes_once(db: Db) -> None:
     approval = await quorum(db, 2)
-    first, _ = await db.store.decisions.decide(approval, Approved("UA", NOW))
+    first, _, _ = await db.store.decisions.decide(approval, Approved("UA", NOW))
     assert first.decision is None and [v.by for v in first.votes] == ["UA"]
     with pytest.raises(IllegalTransition) as again:
         await db.store.decisions.decide(approval, Approved("UA", NOW))
     assert Requirement.NEW_VOTER in again.value.unmet
-    second, others = await db.store.decisions.decide(approval, Approved("UB", NOW, "ok"))
+    second, others, _ = await db.store.decisions.decide(approval, Approved("UB", NOW, "ok"))
     assert isinstance(second.decision, Approved) and second.decision.by == "UB"
     assert [v.by for v in second.votes] == ["UA", "UB"] and others == 0
     with pytest.raises(IllegalTransition) as late:
@@ -456,7 +456,7 @@ async def test_a_quorum_needs_distinct_approvers_and_completes_once(db: Db) -> N
 async def test_a_deny_ends_a_quorum_after_votes(db: Db) -> None:
     approval = await quorum(db, 3)
     await db.store.decisions.decide(approval, Approved("UA", NOW))
-    denied, _ = await db.store.decisions.decide(approval, Denied("UB", NOW, "no"))
+    denied, _, _ = await db.store.decisions.decide(approval, Denied("UB", NOW, "no"))
     assert isinstance(denied.decision, Denied) and denied.decision.reason == "no"
     with pytest.raises(IllegalTransition):
         await db.store.decisions.decide(approval, Approved("UC", NOW))
@@ -467,7 +467,7 @@ async def test_twenty_people_approving_at_once_complete_a_quorum_of_two_once(db:
 
     async def click(i: int) -> str:
         try:
-            now, _ = await db.store.decisions.decide(approval, Approved(f"U{i:02d}", NOW))
+            now, _, _ = await db.store.decisions.decide(approval, Approved(f"U{i:02d}", NOW))
         except IllegalTransition:
             return "refused"
         return "approved" if now.decision is not None else "vote"
@@ -501,7 +501,7 @@ async def test_an_edit_resets_a_quorums_votes_to_the_editors(db: Db) -> None:
     with pytest.raises(IllegalTransition) as stale:
         await db.store.decisions.decide(approval, Approved("UC", NOW))
     assert stale.value.unmet == (Requirement.AS_SEEN,)
-    done, _ = await db.store.decisions.decide(edited, Approved("UA", NOW))
+    done, _, _ = await db.store.decisions.decide(edited, Approved("UA", NOW))
     assert isinstance(done.decision, Approved) and done.edit == edited.edit
     trail = [
         (e.action, e.actor, e.detail.get("edited"))
@@ -519,10 +519,10 @@ async def test_an_edit_of_a_request_one_approver_decides_is_part_of_the_approval
         await db.store.decisions.edit(approval, Edit({"amount": 3}, "UB", NOW))
     assert one.value.unmet == (Requirement.SEVERAL_NEEDED,) and await db.audit_rows() == 0
     edit = Edit({"amount": 3}, "UB", NOW)
-    done, _ = await db.store.decisions.decide(approval, Approved("UB", NOW), edited=edit)
+    done, _, _ = await db.store.decisions.decide(approval, Approved("UB", NOW), edited=edit)
     assert isinstance(done.decision, Approved) and done.edit == edit
     plain, _ = await db.seed()
-    approved, _ = await db.store.decisions.decide(plain, Approved("UB", NOW))
+    approved, _, _ = await db.store.decisions.decide(plain, Approved("UB", NOW))
     assert approved.edit is None
 
 
@@ -538,7 +538,7 @@ async def test_a_decision_counts_only_for_the_version_it_names_and_the_gate_runs
         assert refused.value.unmet == (Requirement.AS_SEEN,)
     v3 = await db.store.decisions.edit(v2, Edit({"amount": 5}, "UA", NOW))
     assert v3.version == 3 and [(v.by, v.at) for v in v3.votes] == [("UA", NOW)]
-    done, _ = await db.store.decisions.decide(v3, Approved("UC", NOW), seen=3)
+    done, _, _ = await db.store.decisions.decide(v3, Approved("UC", NOW), seen=3)
     assert isinstance(done.decision, Approved) and done.current.input == {"amount": 5}
     with pytest.raises(IllegalTransition) as other:  # a version that was never approved
         await db.store.executions.start_execution(replace(done, version=2), now=NOW)

@@ -1,0 +1,89 @@
+"""A decision that settles its turn's only request claims the turn in the same write, for
+the caller that resumes it at once (`resume_here`); every other case is claimed as before,
+by the resume."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.outcomes import AwaitingApproval, Reply
+from storage.domain import Approval
+from tests.agent.conftest import IN_CHANNEL, Harness
+from tests.agent.test_workflow import TRANSFER, answer_with_tool_results
+from tests.fakes.scripted_model import calls
+
+OTHER = {"amount": 7, "toAccount": "999"}
+
+
+async def paused(h: Harness, *requests: dict[str, object]) -> tuple[Approval, ...]:
+    h.model.script(calls(*(("transferMoney", r, f"ref-{i}") for i, r in enumerate(requests))))
+    out = await h.workflow.turns.start(h.thread(), "U_EMP", "send money")
+    assert isinstance(out, AwaitingApproval)
+    return out.approvals
+
+
+@pytest.mark.parametrize("approve", [True, False])
+async def test_the_decision_claims_the_turn_and_its_resume_runs_the_call_once(
+    h: Harness, approve: bool
+) -> None:
+    [approval] = await paused(h, TRANSFER)
+    decided = await h.workflow.decisions.decide(
+        h.team, approval.id, "U_BOSS", approve=approve, facts=IN_CHANNEL, resume_here=True
+    )
+    assert decided.turn_ready and decided.claim is not None
+    assert decided.claim.turn_id == approval.turn_id and decided.claim.attempt == 1
+    # Claimed: a resume (a sweep, another replica) that claims for itself finds it taken.
+    assert await h.workflow.turns.resume(decided.turn_id) is None
+    h.model.script(answer_with_tool_results)
+    resumed = await h.workflow.turns.resume(decided.turn_id, claim=decided.claim)
+    assert resumed is not None and isinstance(resumed.outcome, Reply)
+    assert len(h.ledger()) == (1 if approve else 0)
+    assert await h.workflow.turns.resume(decided.turn_id, claim=decided.claim) is None
+
+
+async def test_without_resume_here_nothing_is_claimed(h: Harness) -> None:
+    [approval] = await paused(h, TRANSFER)
+    decided = await h.workflow.decisions.decide(
+        h.team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL
+    )
+    assert decided.turn_ready and decided.claim is None
+    h.model.script(answer_with_tool_results)
+    assert await h.workflow.turns.resume(decided.turn_id) is not None
+
+
+async def test_a_turn_of_several_requests_is_claimed_by_its_resume(h: Harness) -> None:
+    first, second = await paused(h, TRANSFER, OTHER)
+    one = await h.workflow.decisions.decide(
+        h.team, first.id, "U_BOSS", approve=True, facts=IN_CHANNEL, resume_here=True
+    )
+    assert not one.turn_ready and one.claim is None
+    two = await h.workflow.decisions.decide(
+        h.team, second.id, "U_BOSS", approve=True, facts=IN_CHANNEL, resume_here=True
+    )
+    assert two.turn_ready and two.claim is None  # its siblings: the resume reads them
+    h.model.script(answer_with_tool_results)
+    resumed = await h.workflow.turns.resume(two.turn_id, claim=two.claim)
+    assert resumed is not None and len(h.ledger()) == 2
+
+
+async def test_a_claim_that_waited_is_renewed_before_the_resume_runs(h: Harness) -> None:
+    [approval] = await paused(h, TRANSFER)
+    decided = await h.workflow.decisions.decide(
+        h.team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL, resume_here=True
+    )
+    h.clock.advance(seconds=14)  # a resume that waited for a slot: 1 s of its lease left
+    h.model.script(answer_with_tool_results)
+    resumed = await h.workflow.turns.resume(decided.turn_id, claim=decided.claim)
+    assert resumed is not None and len(h.ledger()) == 1
+
+
+async def test_a_claim_taken_over_while_it_waited_resumes_nothing(h: Harness) -> None:
+    [approval] = await paused(h, TRANSFER)
+    decided = await h.workflow.decisions.decide(
+        h.team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL, resume_here=True
+    )
+    h.clock.advance(seconds=16)  # its lease ran out: another process's sweep took it over
+    h.model.script(answer_with_tool_results)
+    assert await h.workflow.turns.resume(decided.turn_id) is not None
+    assert await h.workflow.turns.resume(decided.turn_id, claim=decided.claim) is None
+    assert len(h.ledger()) == 1  # run by the one that took it over, once
