@@ -221,8 +221,10 @@ class DecisionStore:
         params |= {"claiming": claim_until is not None, "lease": claim_until}
         if isinstance(decision, Denied):
             row = await change(self._sessions, DENYING, DENY, decided, decision.at, params)
-            [now] = await with_votes(self._sessions, [approval_of(row._mapping, approval.thread)])
-            return now, int(row.others_pending), _claimed(row, now, claim_until)
+            denied = approval_of(row._mapping, approval.thread)
+            if row.followed_attempts is not None:  # claimed: its resume tells the votes' notes
+                [denied] = await with_votes(self._sessions, [denied])
+            return denied, int(row.others_pending), _claimed(row, denied, claim_until)
         vote = NewRow(V, "vote_").params(
             {"approval_id": approval.id, "voter": decision.by, "at": decision.at}
             | {"version": version, "note": decision.reason}
