@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.outcomes import AwaitingApproval, Reply
+from agent.outcomes import AwaitingApproval, Decided, Reply
 from storage.domain import Approval
 from tests.agent.conftest import IN_CHANNEL, Harness
 from tests.agent.test_workflow import TRANSFER, answer_with_tool_results
@@ -20,6 +20,12 @@ async def paused(h: Harness, *requests: dict[str, object]) -> tuple[Approval, ..
     out = await h.workflow.turns.start(h.thread(), "U_EMP", "send money")
     assert isinstance(out, AwaitingApproval)
     return out.approvals
+
+
+async def approved_here(h: Harness, approval: Approval) -> Decided:
+    return await h.workflow.decisions.decide(
+        h.team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL, resume_here=True
+    )
 
 
 @pytest.mark.parametrize("approve", [True, False])
@@ -53,13 +59,9 @@ async def test_without_resume_here_nothing_is_claimed(h: Harness) -> None:
 
 async def test_a_turn_of_several_requests_is_claimed_by_its_resume(h: Harness) -> None:
     first, second = await paused(h, TRANSFER, OTHER)
-    one = await h.workflow.decisions.decide(
-        h.team, first.id, "U_BOSS", approve=True, facts=IN_CHANNEL, resume_here=True
-    )
+    one = await approved_here(h, first)
     assert not one.turn_ready and one.claim is None
-    two = await h.workflow.decisions.decide(
-        h.team, second.id, "U_BOSS", approve=True, facts=IN_CHANNEL, resume_here=True
-    )
+    two = await approved_here(h, second)
     assert two.turn_ready and two.claim is None  # its siblings: the resume reads them
     h.model.script(answer_with_tool_results)
     resumed = await h.workflow.turns.resume(two.turn_id, claim=two.claim)
@@ -68,9 +70,7 @@ async def test_a_turn_of_several_requests_is_claimed_by_its_resume(h: Harness) -
 
 async def test_a_claim_that_waited_is_renewed_before_the_resume_runs(h: Harness) -> None:
     [approval] = await paused(h, TRANSFER)
-    decided = await h.workflow.decisions.decide(
-        h.team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL, resume_here=True
-    )
+    decided = await approved_here(h, approval)
     h.clock.advance(seconds=14)  # a resume that waited for a slot: 1 s of its lease left
     h.model.script(answer_with_tool_results)
     resumed = await h.workflow.turns.resume(decided.turn_id, claim=decided.claim)
@@ -79,9 +79,7 @@ async def test_a_claim_that_waited_is_renewed_before_the_resume_runs(h: Harness)
 
 async def test_a_claim_taken_over_while_it_waited_resumes_nothing(h: Harness) -> None:
     [approval] = await paused(h, TRANSFER)
-    decided = await h.workflow.decisions.decide(
-        h.team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL, resume_here=True
-    )
+    decided = await approved_here(h, approval)
     h.clock.advance(seconds=16)  # its lease ran out: another process's sweep took it over
     h.model.script(answer_with_tool_results)
     assert await h.workflow.turns.resume(decided.turn_id) is not None
