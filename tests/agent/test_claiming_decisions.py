@@ -4,10 +4,17 @@ by the resume."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+from typing import Any
+
 import pytest
+from genkit.model import ModelRequest, ModelResponse
+from sqlalchemy import select
 
 from agent.outcomes import AwaitingApproval, Decided, Reply
+from storage.db import SessionFactory
 from storage.domain import Approval
+from storage.models import TurnRow
 from tests.agent.conftest import IN_CHANNEL, Harness
 from tests.agent.test_workflow import TRANSFER, answer_with_tool_results
 from tests.fakes.scripted_model import calls
@@ -68,13 +75,26 @@ async def test_a_turn_of_several_requests_is_claimed_by_its_resume(h: Harness) -
     assert resumed is not None and len(h.ledger()) == 2
 
 
-async def test_a_claim_that_waited_is_renewed_before_the_resume_runs(h: Harness) -> None:
+async def test_a_claim_that_waited_is_renewed_before_the_resume_runs(
+    h: Harness, pg_sessions: SessionFactory
+) -> None:
     [approval] = await paused(h, TRANSFER)
     decided = await approved_here(h, approval)
     h.clock.advance(seconds=14)  # a resume that waited for a slot: 1 s of its lease left
-    h.model.script(answer_with_tool_results)
+    leases: list[datetime | None] = []
+
+    async def answer(request: ModelRequest[Any]) -> ModelResponse:
+        async with pg_sessions() as db:  # the lease as the resume runs
+            leases.append(
+                await db.scalar(select(TurnRow.lease_until).filter_by(id=approval.turn_id))
+            )
+        return answer_with_tool_results(request)
+
+    h.model.script(answer)
     resumed = await h.workflow.turns.resume(decided.turn_id, claim=decided.claim)
     assert resumed is not None and len(h.ledger()) == 1
+    [lease] = leases
+    assert lease is not None and lease - h.clock() > timedelta(seconds=10)  # renewed
 
 
 async def test_a_claim_taken_over_while_it_waited_resumes_nothing(h: Harness) -> None:
@@ -83,5 +103,7 @@ async def test_a_claim_taken_over_while_it_waited_resumes_nothing(h: Harness) ->
     h.clock.advance(seconds=16)  # its lease ran out: another process's sweep took it over
     h.model.script(answer_with_tool_results)
     assert await h.workflow.turns.resume(decided.turn_id) is not None
+    asked = len(h.model.requests)
     assert await h.workflow.turns.resume(decided.turn_id, claim=decided.claim) is None
     assert len(h.ledger()) == 1  # run by the one that took it over, once
+    assert len(h.model.requests) == asked  # the stale claim's resume never began
