@@ -39,6 +39,9 @@ from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini
 from tests.fakes.slack_api import DEADLINE, Call, FakeSlack
 
+# Tasks of the service that run on a timer, not for a conversation.
+LOOPS = {"recovery sweep", "follow-ups", "gateway sweep", "gateway decisions", "gateway waiters"}
+
 SECRET = "test-signing-secret"
 APPROVERS = "C0APPROVE"
 ADMIN = "UADMIN"

@@ -29,13 +29,11 @@ from sqlalchemy.engine import Engine
 from bot.listeners import shared
 from bot.server import Service
 from tests import ledger_tools
-from tests.bot.conftest import APPROVERS, SECRET, SlackClient, new_ts, settle
+from tests.bot.conftest import APPROVERS, LOOPS, SECRET, SlackClient, new_ts, settle
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, function_call, text
 from tests.fakes.slack_api import Call, FakeSlack
 
-# Tasks of the service that run on a timer, not for a conversation.
-LOOPS = {"recovery sweep", "follow-ups", "gateway sweep", "gateway decisions", "gateway waiters"}
 SQL_PER_CONVERSATION = 11
 SLACK_PER_CONVERSATION = Counter({"chat.postMessage": 3, "chat.update": 2, "users.info": 2})
 

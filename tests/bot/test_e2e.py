@@ -32,6 +32,7 @@ from tests.bot.conftest import (
     ADMIN,
     APPROVERS,
     DM,
+    LOOPS,
     SlackClient,
     approval_id_of,
     bot_settings,
@@ -386,13 +387,19 @@ async def test_one_conversation_at_a_time_keeps_to_the_last_used_connections(
         for _ in range(4):
             await burst.enter_async_context(engine.connect())
     used: set[int] = set()
-    event.listen(engine.sync_engine.pool, "checkout", lambda _c, rec, _p: used.add(id(rec)))
+
+    def checkout(_conn: Any, record: Any, _proxy: Any) -> None:
+        task = asyncio.current_task()
+        if not (task and task.get_name() in LOOPS):  # a timer may take any meanwhile
+            used.add(id(record))
+
+    event.listen(engine.sync_engine.pool, "checkout", checkout)
     asked = await ask(client, fake_slack, gemini, team)
     gemini.script(text("Sent."))
     assert (await client.click(team, BOSS, "approve", asked.card))[0] == 200
     assert text_of(await reply_in_thread(fake_slack, asked.thread_ts)) == "Sent."
     await settle(service)
-    assert len(used) <= 2  # the conversation's, and at most one a timer took meanwhile
+    assert len(used) <= 2  # the last used, and one more where two statements overlap
 
 
 # -- events ----------------------------------------------------------------------------------
