@@ -38,7 +38,6 @@ from agent.outcomes import (
 )
 from agent.runtime import AgentRuntime
 from agent.scope import TurnScope, scoped
-from storage import preloads
 from storage.approval_store import ApprovalStore
 from storage.domain import Approval, Approved, Claim, NotStarted, Thread
 from storage.held_saves import Held, holding
@@ -218,23 +217,17 @@ class Turns:
         """The calls approved with changes run first (agent/gate.py `run_edited`); then one
         resume answers every interrupt of the turn. Whoever's words it sends the model (an
         answer, a denial's reason, a note) joins the conversation's participants first: none
-        of them may approve what it asks next, in this turn or a later one. The paused
-        snapshot is loaded meanwhile, for Genkit to find (storage/preloads.py)."""
-        team, paused, sessions = claim.thread.team_id, claim.snapshot_id, self.runtime.sessions
-        context = {"team_id": team}
-        async with preloads.loading(
-            (team, paused), lambda: sessions.get_snapshot(snapshot_id=paused, context=context)
-        ):
-            if scope.participants != claim.approvals[0].request.participants:
-                await self.store.turns.join(claim.conversation_id, scope.participants)
-            approvals = await self._run_edited(claim)
-            respond, restart = resume_parts(approvals, self.forms)
-            return await self._run(
-                scope,
-                paused,
-                _told(on_text, claim.thread, scope.requester),
-                lambda c: c.resume_stream(respond=respond, restart=restart),
-            )
+        of them may approve what it asks next, in this turn or a later one."""
+        if scope.participants != claim.approvals[0].request.participants:
+            await self.store.turns.join(claim.conversation_id, scope.participants)
+        approvals = await self._run_edited(claim)
+        respond, restart = resume_parts(approvals, self.forms)
+        return await self._run(
+            scope,
+            claim.snapshot_id,
+            _told(on_text, claim.thread, scope.requester),
+            lambda c: c.resume_stream(respond=respond, restart=restart),
+        )
 
     async def _resumed(
         self, claim: Claim, scope: TurnScope, out: AgentResponse[Any], held: Held | None

@@ -35,7 +35,7 @@ from genkit.model import Message
 from pydantic import TypeAdapter
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from storage import held_saves, preloads
+from storage import held_saves
 from storage.db import Db, SessionFactory, autocommit
 from storage.driver import prepared
 from storage.held_saves import Held, Holding
@@ -287,8 +287,6 @@ class SqlSessionStore(SessionStore[Any]):
         team = self.team(context)
         if (hold := held_saves.current()) is not None:
             await hold.flush()  # whatever it reads, it reads as written
-        if snapshot_id is not None and (early := preloads.taken((team, snapshot_id))):
-            return cast(SessionSnapshot | None, await early)  # `preloading`'s, under way
         if snapshot_id is None and session_id is not None and session_id == _starting.get():
             return None  # a session made for this turn: no query finds what cannot be there
         async with autocommit(self._sessions) as s:  # single statements: no BEGIN, no COMMIT

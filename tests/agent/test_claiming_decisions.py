@@ -1,6 +1,6 @@
-"""From the click to the call: a decision that settles its turn's only request claims the
-turn in the same write, for the caller that resumes it at once (`resume_here`; every other
-case is claimed as before, by the resume), and the resume loads its snapshot as it begins."""
+"""A decision that settles its turn's only request claims the turn in the same write, for
+the caller that resumes it at once (`resume_here`); every other case is claimed as before,
+by the resume."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 from genkit.model import ModelRequest, ModelResponse
-from sqlalchemy import event, select
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import select
 
 from agent.outcomes import AwaitingApproval, Decided, Reply
 from storage.db import SessionFactory
@@ -108,29 +107,3 @@ async def test_a_claim_taken_over_while_it_waited_resumes_nothing(h: Harness) ->
     assert await h.workflow.turns.resume(decided.turn_id, claim=decided.claim) is None
     assert len(h.ledger()) == 1  # run by the one that took it over, once
     assert len(h.model.requests) == asked  # the stale claim's resume never began
-
-
-async def test_a_resume_loads_its_snapshot_while_the_edited_call_runs(
-    h: Harness, pg_engine: AsyncEngine
-) -> None:
-    """The paused snapshot is asked for as the resume begins (storage/preloads.py), not
-    after the calls approved with changes have run, when Genkit gets to it."""
-    [approval] = await paused(h, TRANSFER)
-    await h.workflow.decisions.approve_with_changes(
-        h.team, approval.id, "U_BOSS", TRANSFER | {"amount": 5}, facts=IN_CHANNEL
-    )
-    ran: list[str] = []
-
-    def seen(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        ran.append(" ".join(statement.split()))
-
-    event.listen(pg_engine.sync_engine, "before_cursor_execute", seen)
-    try:
-        h.model.script(answer_with_tool_results)
-        assert await h.workflow.turns.resume(approval.turn_id) is not None
-    finally:
-        event.remove(pg_engine.sync_engine, "before_cursor_execute", seen)
-    load = next(i for i, s in enumerate(ran) if s.startswith("WITH RECURSIVE chain"))
-    started = next(i for i, s in enumerate(ran) if "SET execution" in s)
-    assert load < started, ran
-    assert [e["amount"] for e in h.ledger()] == [5]
