@@ -234,7 +234,7 @@ class Turns:
     ) -> Resumed | None:
         """End the resumed turn (COMPLETE, with its snapshot), or, when it stopped on new
         interrupts, end it and pause the next in one write; None when the lease was lost
-        meanwhile."""
+        meanwhile. A write that fails (the database) fails the resume, for a retry."""
         thread = claim.thread
         try:
             if out.finish_reason != AgentFinishReason.INTERRUPTED:
@@ -258,6 +258,11 @@ class Turns:
                 extra={"turn_id": claim.turn_id},
             )
             return None
+        except Exception:
+            log.exception(
+                "resumed turn %s not saved", claim.turn_id, extra={"turn_id": claim.turn_id}
+            )
+            return await self._resume_failed(claim, model_unavailable=False)
 
     async def _fresh(self, claim: Claim, now: datetime) -> datetime:
         """When the lease of a claim made earlier (a decision's) runs out: renewed first if

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,14 +13,15 @@ from sqlalchemy import event, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agent.assemble import build_workflow
-from agent.outcomes import Failed, Reply
+from agent.outcomes import AwaitingApproval, Failed, Reply
 from agent.policy import PolicyDefaults
 from agent.runtime import AgentConfig
 from agent.workflow import Workflow
 from storage.db import make_engine, make_session_factory
 from storage.domain import Thread
 from storage.models import ApprovalRow, ConversationRow, MessageRow, SnapshotRow
-from tests.agent.conftest import gemini_workflow
+from tests import ledger_tools
+from tests.agent.conftest import IN_CHANNEL, gemini_workflow
 from tests.conftest import pg_test_url
 from tests.fakes.gemini import FakeGemini, error, text
 from tests.fakes.scripted_model import ScriptedModel, calls as scripted_calls, text as scripted_text
@@ -135,6 +137,30 @@ async def test_connection_killed_as_a_reply_is_saved_writes_it_whole_on_the_retr
     [request] = model.requests[-1:]
     said = [m.content[0].text for m in request.messages if m.role == "user"]
     assert said == ["hello", "again"]
+
+
+async def test_connection_killed_as_a_resumed_turn_is_saved_leaves_it_for_a_retry(
+    fault_engine: AsyncEngine, team: str, ledger: Path
+) -> None:
+    """The resumed turn's snapshot goes in with its COMPLETE: a connection lost there is a
+    failed resume, retried later (the requester told so), as a failed save was before."""
+    workflow, model = scripted_workflow(fault_engine)
+    thread = Thread(team, "D0FAULT", "1.7")
+    model.script(scripted_calls(("transferMoney", {"amount": 5, "toAccount": "12345"})))
+    out = await workflow.turns.start(thread, "U_EMP", "send 5")
+    assert isinstance(out, AwaitingApproval)
+    [approval] = out.approvals
+    decided = await workflow.decisions.decide(
+        team, approval.id, "U_BOSS", approve=True, facts=IN_CHANNEL
+    )
+    killed = kill_connection_on(fault_engine, "INSERT INTO AGENT_MESSAGES")
+    model.script(scripted_text("sent"))
+
+    resumed = await workflow.turns.resume(decided.turn_id)
+
+    assert killed and "UPDATE TURNS" in " ".join(killed[0].upper().split())
+    assert resumed is not None and resumed.outcome == Failed(thread, retrying=True)
+    assert len(ledger_tools.entries()) == 1  # the call ran once; a retry answers from its record
 
 
 async def test_gemini_error_is_reported_and_the_session_stays_usable(
