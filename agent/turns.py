@@ -153,7 +153,9 @@ class Turns:
             )
             await self._release(conversation, snapshot_id=None)
             return Failed(thread, model_unavailable=scope.model.unanswered)
-        await self._release(conversation, snapshot_id=out.snapshot_id, held=saved)
+        released = await self._release(conversation, snapshot_id=out.snapshot_id, held=saved)
+        if not released and saved is not None:  # the reply shows, unsaved: an apology follows
+            return Failed(thread)
         return Reply(thread, out.text, _covered(scope))
 
     async def _resume(
@@ -336,20 +338,21 @@ class Turns:
 
     async def _release(
         self, conversation_id: str, *, snapshot_id: str | None, held: Held | None = None
-    ) -> None:
+    ) -> bool:
         """Free the thread (continuing from `snapshot_id`, written with it when `held`),
-        trying again through a short database outage; after that its hold runs out by
-        itself (turn timeout plus lease)."""
+        trying again through a short database outage; after that (False) its hold runs out
+        by itself (turn timeout plus lease)."""
         for delay in RELEASE_BACKOFF:
             await asyncio.sleep(delay)
             try:
                 await self.store.turns.release_thread(
                     conversation_id, snapshot_id=snapshot_id, held=held
                 )
-                return
+                return True
             except Exception:
                 log.warning("could not free conversation %s", conversation_id, exc_info=True)
         log.error("conversation %s stays held until its hold runs out", conversation_id)
+        return False
 
     async def _let_go(self, claim: Claim) -> None:
         """A clean shutdown cut this resume off: hand the turn back (LET_GO), so the next

@@ -139,6 +139,28 @@ async def test_connection_killed_as_a_reply_is_saved_writes_it_whole_on_the_retr
     assert said == ["hello", "again"]
 
 
+async def test_a_reply_whose_turn_cannot_be_saved_is_a_failure(
+    fault_engine: AsyncEngine, pg_engine: AsyncEngine, team: str
+) -> None:
+    """The database stays down through every try to free the thread with the reply's
+    snapshot: the turn is reported failed (its apology goes under the reply), as a save
+    that failed inside Genkit was, and nothing of it was written."""
+    workflow, model = scripted_workflow(fault_engine)
+    thread = Thread(team, "D0FAULT", "1.6")
+    model.script(scripted_text("first answer"))
+    killed: list[str] = []
+
+    @event.listens_for(fault_engine.sync_engine, "before_cursor_execute")
+    def _kill(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "INSERT INTO agent_messages" in " ".join(statement.split()):  # every try
+            killed.append(statement)
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    assert await workflow.turns.start(thread, "U_EMP", "hello") == Failed(thread)
+    assert len(killed) >= 3
+    assert await snapshots(pg_engine, team) == {}
+
+
 async def test_connection_killed_as_a_resumed_turn_is_saved_leaves_it_for_a_retry(
     fault_engine: AsyncEngine, team: str, ledger: Path
 ) -> None:
