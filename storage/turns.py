@@ -284,9 +284,11 @@ class TurnStore:
         turn's snapshot). The thread stays held: the open turn keeps later messages out
         until a resume ends it."""
         values = pause_params(turn, approvals)
-        saving = paused_turn(len(approvals), saving=True).one
-        if held is None or not await self._saving(saving, values, held):
-            await paused_turn(len(approvals)).run(self._sessions, values)
+        if held is not None:
+            saving = paused_turn(len(approvals), saving=True).one
+            if await self._saving(saving, values, held):
+                return
+        await paused_turn(len(approvals)).run(self._sessions, values)
 
     async def claim(self, turn_id: str, *, now: datetime, lease_until: datetime) -> Claim:
         """CLAIM a turn to resume it, with its approvals (every one decided)."""

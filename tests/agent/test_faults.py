@@ -35,14 +35,14 @@ async def fault_engine() -> AsyncIterator[AsyncEngine]:
     await engine.dispose()
 
 
-def kill_connection_on(engine: AsyncEngine, fragment: str) -> list[str]:
+def kill_connection_on(engine: AsyncEngine, fragment: str, *, every: bool = False) -> list[str]:
     """Terminate the connection, from the server side, as it runs the first statement that
-    contains `fragment` (alone, or inside a larger one, e.g. a CTE)."""
+    contains `fragment` (alone, or inside a larger one, e.g. a CTE); `every`: each one."""
     killed: list[str] = []
 
     @event.listens_for(engine.sync_engine, "before_cursor_execute")
     def _kill(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if not killed and fragment in " ".join(statement.upper().split()):
+        if (every or not killed) and fragment in " ".join(statement.upper().split()):
             killed.append(statement)
             cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
 
@@ -148,13 +148,7 @@ async def test_a_reply_whose_turn_cannot_be_saved_is_a_failure(
     workflow, model = scripted_workflow(fault_engine)
     thread = Thread(team, "D0FAULT", "1.6")
     model.script(scripted_text("first answer"))
-    killed: list[str] = []
-
-    @event.listens_for(fault_engine.sync_engine, "before_cursor_execute")
-    def _kill(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "INSERT INTO agent_messages" in " ".join(statement.split()):  # every try
-            killed.append(statement)
-            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    killed = kill_connection_on(fault_engine, "INSERT INTO AGENT_MESSAGES", every=True)
 
     assert await workflow.turns.start(thread, "U_EMP", "hello") == Failed(thread)
     assert len(killed) >= 3
