@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -55,6 +55,7 @@ from pathlib import Path
 import aiohttp
 
 from bench import _load
+from bench.alternating import all_up, in_turn
 from bench.burst import burst
 from bench.contention import contention
 from bench.database import temporary_database
@@ -121,30 +122,34 @@ def _spawn_pool() -> Iterator[ProcessPoolExecutor]:
         pool.shutdown(cancel_futures=True)
 
 
-async def bench_target(
+@dataclasses.dataclass
+class Bot:
+    """One bot up: its driver, and what it says when it stops (`closing`: its log)."""
+
+    name: str
+    driver: Driver
+    ledger: Path
+    database_url: str | None
+    closing: JSON = dataclasses.field(default_factory=dict)
+
+
+@contextlib.asynccontextmanager
+async def bot_up(
     name: str,
     module: str,
     plan: Plan,
     *,
     database_url: str | None,
     pool: ProcessPoolExecutor,
-    profile: str | None,
-    log: Callable[[str], None],
-    phases: str = "all",
+    profile: str | None = None,
     env: dict[str, str] | None = None,
     latency: tuple[float, float] = (0.0, 0.0),
-) -> JSON:
-    """Every phase against one bot (`bench.serve` or `bench.baseline`).
-
-    `phases`: "all"; "latency" (warm-up and the levels only: the file-tools comparison);
-    "memory" (RSS after MEMORY_AT conversations at saturation, in a fresh service).
+) -> AsyncIterator[Bot]:
+    """One bot (`bench.serve` or `bench.baseline`) running against its own fake Slack and
+    Gemini, for as long as the block lasts; its log and any profile go in `closing`.
 
     `latency`: seconds each Slack call and each model call take to answer (bench/latencies.py).
-
-    `profile`: "py-spy" samples the service during saturation (and traces one conversation's
-    SQL); "cprofile" runs the service under cProfile and only warms up, traces one
-    conversation and saturates, since the profiler slows everything else down.
-    """
+    `profile`: "pyinstrument" or "cprofile" run the service under that profiler."""
     run_id = uuid.uuid4().hex[:8]
     with tempfile.TemporaryDirectory(dir=_scratch()) as tmp:
         ledger = Path(tmp) / "ledger.jsonl"
@@ -172,74 +177,130 @@ async def bench_target(
         await gemini.__aenter__()
         service = ServiceProcess(name, module, _env(slack, gemini, extra), stats_file)
         connector = aiohttp.TCPConnector(limit=0)
-        result: JSON = {}
-        driver: Driver | None = None
+        bot: Bot | None = None
         try:
             await service.start()
             async with aiohttp.ClientSession(connector=connector) as http:
                 driver = Driver(name, service, slack, observer, gemini, http, pool, run_id)
                 driver.deadline = time.perf_counter() + plan.budget
-
-                def over(phase: str) -> bool:
-                    if time.perf_counter() < driver.deadline:
-                        return False
-                    result.setdefault("skipped_over_budget", []).append(phase)
-                    log(f"[{name}] over the {plan.budget:g} s budget: skipping {phase}")
-                    return True
-
-                log(f"[{name}] warm-up")
-                result["warmup"] = await driver.warmup(plan.warmup)
-                if phases == "memory":
-                    result["memory"] = await memory(driver, log)
-                    return result
-                if profile and database_url is not None:
-                    result["trace"] = await detailed_trace(driver)
-                if profile == "pyinstrument":
-                    result |= await profile_pieces(driver, plan, log)
-                    return result
-                result["levels"] = {}
-                for concurrency, rounds in plan.levels:
-                    if profile == "cprofile" or over(f"level {concurrency}"):
-                        continue
-                    log(f"[{name}] {concurrency} concurrent x {rounds} rounds")
-                    result["levels"][str(concurrency)] = await level(driver, concurrency, rounds)
-                if phases == "latency":
-                    return result
-                if not over("saturation"):
-                    log(f"[{name}] saturation: {plan.saturation_total} conversations")
-                    spy = _start_py_spy(service.pid) if profile == "py-spy" else None
-                    result["saturation"] = await saturation(
-                        driver,
-                        plan.saturation_workers,
-                        plan.saturation_total,
-                        plan.saturation_limit,
-                    )
-                    if spy is not None:
-                        result["py_spy"] = _stop_py_spy(spy)
-                if profile == "cprofile":
-                    return result
-                # The last two phases are bounded on their own (send and drain limits).
-                driver.deadline = math.inf
-                log(f"[{name}] burst: {plan.burst_events} events at {plan.burst_rate:g}/s")
-                result["burst"] = await burst(
-                    driver, plan.burst_events, plan.burst_rate, plan.burst_drain_limit
-                )
-                log(f"[{name}] contention: {plan.clicks} clicks on one card")
-                result["contention"] = await contention(driver, plan.clicks, ledger, database_url)
-                result["stray_slack_posts"] = observer.stray
+                bot = Bot(name, driver, ledger, database_url)
+                yield bot
+                bot.closing["stray_slack_posts"] = observer.stray
         finally:
             await service.stop()
             await gemini.__aexit__(None, None, None)
             await slack.stop()
-            result["service_log"] = {"levels": dict(service.levels), "problems": service.problems}
-            if profile == "cprofile" and CPROFILE_OUT.exists():
-                from bench.profile import summarize_pstats
-
-                done = driver.completed if driver is not None else 0
-                result["cprofile"] = summarize_pstats(CPROFILE_OUT, done) | {
-                    "raw": str(CPROFILE_OUT)
+            if bot is not None:
+                bot.closing["service_log"] = {
+                    "levels": dict(service.levels),
+                    "problems": service.problems,
                 }
+                if profile == "cprofile" and CPROFILE_OUT.exists():
+                    from bench.profile import summarize_pstats
+
+                    bot.closing["cprofile"] = summarize_pstats(
+                        CPROFILE_OUT, bot.driver.completed
+                    ) | {"raw": str(CPROFILE_OUT)}
+
+
+async def bench_target(
+    name: str,
+    module: str,
+    plan: Plan,
+    *,
+    database_url: str | None,
+    pool: ProcessPoolExecutor,
+    profile: str | None,
+    log: Callable[[str], None],
+    phases: str = "all",
+    env: dict[str, str] | None = None,
+    latency: tuple[float, float] = (0.0, 0.0),
+) -> JSON:
+    """Every phase against one bot, in one run (bench/alternating.py runs two in turn).
+
+    `phases`: "all"; "latency" (warm-up and the levels only); "memory" (RSS after MEMORY_AT
+    conversations at saturation, in a fresh service).
+
+    `profile`: "py-spy" samples the service during saturation (and traces one conversation's
+    SQL); "pyinstrument" gives issue 23's pieces; "cprofile" runs the service under cProfile
+    and only warms up, traces one conversation and saturates, since the profiler slows
+    everything else down.
+    """
+    async with bot_up(
+        name, module, plan, database_url=database_url, pool=pool, profile=profile, env=env,
+        latency=latency,
+    ) as bot:  # fmt: skip
+        result: JSON = {"warmup": await warm_up(bot, plan, log)}
+        if phases == "memory":
+            result["memory"] = await memory(bot.driver, log)
+        elif profile == "pyinstrument":
+            if database_url is not None:
+                result["trace"] = await detailed_trace(bot.driver)
+            result |= await profile_pieces(bot.driver, plan, log)
+        else:
+            if profile and database_url is not None:
+                result["trace"] = await detailed_trace(bot.driver)
+            result |= await timed(bot, plan, log, latency_only=phases == "latency", profile=profile)
+            if phases != "latency" and profile != "cprofile":
+                result |= await loaded(bot, plan, log)
+    return result | bot.closing
+
+
+async def warm_up(bot: Bot, plan: Plan, log: Callable[[str], None]) -> JSON:
+    log(f"[{bot.name}] warm-up")
+    return await bot.driver.warmup(plan.warmup)
+
+
+async def timed(
+    bot: Bot,
+    plan: Plan,
+    log: Callable[[str], None],
+    *,
+    latency_only: bool = False,
+    profile: str | None = None,
+) -> JSON:
+    """The phases whose ratios the issue sets: the latency levels, then saturation (its
+    throughput and CPU a conversation), within the plan's budget from now."""
+    driver, name = bot.driver, bot.name
+    driver.deadline = time.perf_counter() + plan.budget
+    result: JSON = {"levels": {}}
+
+    def over(phase: str) -> bool:
+        if time.perf_counter() < driver.deadline:
+            return False
+        result.setdefault("skipped_over_budget", []).append(phase)
+        log(f"[{name}] over the {plan.budget:g} s budget: skipping {phase}")
+        return True
+
+    for concurrency, rounds in plan.levels:
+        if profile == "cprofile" or over(f"level {concurrency}"):
+            continue
+        log(f"[{name}] {concurrency} concurrent x {rounds} rounds")
+        result["levels"][str(concurrency)] = await level(driver, concurrency, rounds)
+    if latency_only or over("saturation"):
         return result
+    log(f"[{name}] saturation: {plan.saturation_total} conversations")
+    spy = _start_py_spy(driver.service.pid) if profile == "py-spy" else None
+    result["saturation"] = await saturation(
+        driver, plan.saturation_workers, plan.saturation_total, plan.saturation_limit
+    )
+    if spy is not None:
+        result["py_spy"] = _stop_py_spy(spy)
+    return result
+
+
+async def loaded(bot: Bot, plan: Plan, log: Callable[[str], None]) -> JSON:
+    """The burst of events and the contended card: bounded on their own (send and drain
+    limits), with absolute targets only."""
+    driver = bot.driver
+    driver.deadline = math.inf
+    log(f"[{bot.name}] burst: {plan.burst_events} events at {plan.burst_rate:g}/s")
+    result: JSON = {
+        "burst": await burst(driver, plan.burst_events, plan.burst_rate, plan.burst_drain_limit)
+    }
+    log(f"[{bot.name}] contention: {plan.clicks} clicks on one card")
+    result["contention"] = await contention(driver, plan.clicks, bot.ledger, bot.database_url)
+    return result
 
 
 PROFILED, PROFILED_AT_ONCE = 60, 4
@@ -289,8 +350,9 @@ def _cpu(sat: JSON) -> float | None:
 
 MEMORY_AT = (200, 2000)  # conversations after which the service's RSS is read
 FILES_PLAN_LEVELS = ((1, 20), (50, 2))
-PAIRS = 2  # runs of each bot, alternating; each figure the median of its runs
-FILES_PAIRS = 2
+PAIRS = 4  # pairs of the two bots, started together; each figure the median of its runs
+LOADED_PAIRS = 2  # of the burst and the contended card, whose targets are absolute
+FILES_PAIRS = 4  # pairs, started together as the bots are (bench/alternating.py)
 
 
 async def memory(driver: Driver, log: Callable[[str], None]) -> JSON:
@@ -312,21 +374,34 @@ async def files_comparison(
     database_url: str | None, pool: ProcessPoolExecutor, log: Callable[[str], None]
 ) -> JSON:
     """The same flow (no file tool called) with and without AGENT_FILES_ROOT (one small
-    file), alternating in one sitting: what mounting the file tools costs a turn."""
+    file), both up at once and run in turn: what mounting the file tools costs a turn."""
     plan = dataclasses.replace(QUICK, levels=FILES_PLAN_LEVELS, warmup=3)
-    runs: dict[str, list[JSON]] = {"without": [], "with": []}
     with tempfile.TemporaryDirectory() as root:
         (Path(root) / "notes.txt").write_text("hello\n")
-        for _ in range(FILES_PAIRS):
-            for kind, env in (("without", {}), ("with", {"AGENT_FILES_ROOT": root})):
-                async with temporary_database(database_url) as url:
-                    got = await bench_target(
-                        f"files {kind}", "bench.serve", plan, database_url=url, pool=pool,
-                        profile=None, log=log, phases="latency", env=env,
-                    )  # fmt: skip
-                runs[kind].append(got.get("levels", {}))
 
-    merged = {kind: median_of(got) for kind, got in runs.items()}  # of two: their mean
+        @contextlib.asynccontextmanager
+        async def both() -> AsyncIterator[list[Bot]]:
+            async with (
+                temporary_database(database_url) as plain_url,
+                temporary_database(database_url) as files_url,
+                all_up([
+                    bot_up("without", "bench.serve", plan, database_url=plain_url, pool=pool),
+                    bot_up(
+                        "with", "bench.serve", plan, database_url=files_url, pool=pool,
+                        env={"AGENT_FILES_ROOT": root},
+                    ),
+                ]) as bots,
+            ):  # fmt: skip
+                yield bots
+
+        async def warm(bot: Bot, _: int) -> JSON:
+            return {"warmup": await warm_up(bot, plan, log)}
+
+        got = await in_turn(
+            FILES_PAIRS, both, [warm, lambda bot, _: timed(bot, plan, log, latency_only=True)]
+        )
+    runs = {kind: [r.get("levels", {}) for r in rs] for kind, rs in got.items()}
+    merged = {kind: median_of(levels) for kind, levels in runs.items()}
 
     def p50(kind: str, lv: str, metric: str) -> float | None:
         value = merged[kind].get(lv, {}).get(metric, {}).get("p50")
@@ -368,6 +443,33 @@ def _stop_py_spy(spy: subprocess.Popen[bytes]) -> JSON:
     return summarize_collapsed(PY_SPY_OUT.read_text()) | {"raw": str(PY_SPY_OUT)}
 
 
+async def side_by_side(
+    plan: Plan,
+    pairs: int,
+    database_url: str | None,
+    pool: ProcessPoolExecutor,
+    log: Callable[[str], None],
+) -> dict[str, list[JSON]]:
+    """Both bots started together `pairs` times, each phase run on one and then the other
+    (bench/alternating.py); the burst and the contended card in the first LOADED_PAIRS."""
+
+    @contextlib.asynccontextmanager
+    async def both() -> AsyncIterator[list[Bot]]:
+        async with temporary_database(database_url) as url, all_up([
+            bot_up("greenlight", "bench.serve", plan, database_url=url, pool=pool),
+            bot_up("baseline", "bench.baseline", plan, database_url=None, pool=pool),
+        ]) as bots:  # fmt: skip
+            yield bots
+
+    async def warm(bot: Bot, _: int) -> JSON:
+        return {"warmup": await warm_up(bot, plan, log)}
+
+    async def heavy(bot: Bot, i: int) -> JSON:
+        return await loaded(bot, plan, log) if i < LOADED_PAIRS else {}
+
+    return await in_turn(pairs, both, [warm, lambda bot, _: timed(bot, plan, log), heavy])
+
+
 async def run(
     database_url: str | None = None,
     *,
@@ -396,28 +498,17 @@ async def run(
             "percentiles": "linear interpolation; p99 of n<100 samples is near the max",
         }
     }
-    pairs = pairs if target == "both" and profile is None else 1
-    runs: dict[str, list[JSON]] = {"greenlight": [], "baseline": []}
     with _spawn_pool() as pool:
         await asyncio.get_running_loop().run_in_executor(pool, _load.ping)
-        for _ in range(pairs):
-            if target in ("both", "ours"):
-                async with temporary_database(database_url) as url:
-                    runs["greenlight"].append(await bench_target(
-                        "greenlight", "bench.serve", plan, database_url=url, pool=pool,
-                        profile=profile, log=log,
-                    ))  # fmt: skip
-            if target in ("both", "baseline"):
-                runs["baseline"].append(await bench_target(
-                    "baseline", "bench.baseline", plan, database_url=None, pool=pool,
-                    profile="pyinstrument" if profile == "pyinstrument" else None, log=log,
-                ))  # fmt: skip
-        result |= {name: median_of(got) for name, got in runs.items() if got}
-        if pairs > 1:
+        if target == "both" and profile is None:
+            runs = await side_by_side(plan, pairs, database_url, pool, log)
+            result |= {name: median_of(got) for name, got in runs.items()}
+            # Each pair's two runs were seconds apart: the median of their ratios is what
+            # the targets read (the table's ratio column divides the medians).
             result["ratios_by_pair"] = [
                 ratios(ours, base) for ours, base in zip(*runs.values(), strict=True)
             ]
-        if target == "both" and profile is None:
+            result["ratios_ours_over_baseline"] = median_of(result["ratios_by_pair"])
             async with temporary_database(database_url) as url:
                 mem = await bench_target(
                     "memory", "bench.serve", plan, database_url=url, pool=pool,
@@ -425,8 +516,22 @@ async def run(
                 )  # fmt: skip
             result["memory"] = mem.get("memory")
             result["file_tools"] = await files_comparison(database_url, pool, log)
-    if "greenlight" in result and "baseline" in result:
-        result["ratios_ours_over_baseline"] = ratios(result["greenlight"], result["baseline"])
+        else:
+            if target in ("both", "ours"):
+                async with temporary_database(database_url) as url:
+                    result["greenlight"] = await bench_target(
+                        "greenlight", "bench.serve", plan, database_url=url, pool=pool,
+                        profile=profile, log=log,
+                    )  # fmt: skip
+            if target in ("both", "baseline"):
+                result["baseline"] = await bench_target(
+                    "baseline", "bench.baseline", plan, database_url=None, pool=pool,
+                    profile="pyinstrument" if profile == "pyinstrument" else None, log=log,
+                )  # fmt: skip
+            if "greenlight" in result and "baseline" in result:
+                result["ratios_ours_over_baseline"] = ratios(
+                    result["greenlight"], result["baseline"]
+                )
     result["targets"] = targets(
         result.get("greenlight") or {},
         result.get("ratios_ours_over_baseline") or {},
