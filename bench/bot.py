@@ -23,9 +23,10 @@ in this order:
   4. 100 concurrent Approve clicks on one card: executions (must be 1) and click latency
      (bench/contention.py).
 This module sets each bot up and runs the phases; bench/report.py checks the targets and
-renders the table. Both bots are run PAIRS times, alternating (Greenlight, the bare bot,
-Greenlight, ...), and each figure is the median of its runs: this VM's speed drifts by a
-quarter from minute to minute, which would otherwise move a ratio as much as a change does.
+renders the table. The two bots are started together PAIRS times and each phase is run on
+one and then the other, in turn (bench/alternating.py): this VM's speed drifts by a quarter
+from minute to minute, which would otherwise move a ratio as much as a change does. Each
+figure is the median of its runs; the targets read the median of the pairs' ratios.
 
 Without --database-url a temporary PostgreSQL database is created on 127.0.0.1:5432, migrated
 and dropped at the end. Results: a table on stdout, JSON in bench/results-bot.json.
