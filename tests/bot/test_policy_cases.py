@@ -3,12 +3,18 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import subprocess
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
+from bot import policy_cli
 from bot.server import Service
 from tests.bot.conftest import SlackClient
 from tests.bot.test_cli import ROOT, run_bot
@@ -16,6 +22,24 @@ from tests.fakes.slack_api import FakeSlack
 
 EXAMPLES = ROOT / "docs" / "examples"
 ENV = {"APPROVER_CHANNEL": "C0APPROVERS"}
+
+
+def policy_command(*args: str) -> subprocess.CompletedProcess[str]:
+    """`greenlight policy ARGS` run in this process (`bot.policy_cli.main`, what `python -m bot
+    policy` calls; the first and the last test here run that whole, in a process of its own),
+    with what that process would have had: ENV, none of this one's Slack or model settings.
+    Each process costs about 2.5 s of CPU, most of it importing Genkit."""
+    out, err = io.StringIO(), io.StringIO()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GEMINI_"))}
+    with (
+        mock.patch.dict(os.environ, clean | ENV, clear=True),
+        redirect_stdout(out),
+        redirect_stderr(err),
+    ):
+        code = policy_cli.main(list(args))
+    return subprocess.CompletedProcess(
+        ["greenlight", "policy", *args], code, out.getvalue(), err.getvalue()
+    )
 
 
 def test_the_docs_example_cases_pass_against_the_docs_example_policy() -> None:
@@ -46,7 +70,7 @@ def test_a_failing_case_says_what_was_expected_and_what_came_and_exits_1(tmp_pat
     expect: {approvals: 1}
 """
     )
-    result = run_bot("policy", "test", str(EXAMPLES / "policy.yml"), str(cases), env=ENV)
+    result = policy_command("test", str(EXAMPLES / "policy.yml"), str(cases))
     assert result.returncode == 1
     assert result.stdout.splitlines() == [
         "FAIL medium transfers run: expected allowed True, got False",
@@ -69,7 +93,7 @@ def test_a_rule_that_cannot_be_evaluated_is_an_error_a_case_can_expect(tmp_path:
         "    call: {tool: transferMoney, input: {amount: 5, toAccount: A}}\n"
         "    expect: {error: could not be evaluated, allowed: false}\n"
     )
-    result = run_bot("policy", "test", str(policy), str(cases), env=ENV)
+    result = policy_command("test", str(policy), str(cases))
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[-1] == "1 passed, 0 failed"
 
@@ -87,7 +111,7 @@ def test_a_malformed_cases_file_is_exit_2_naming_the_problem(
 ) -> None:
     path = tmp_path / "cases.yml"
     path.write_text(cases)
-    result = run_bot("policy", "test", str(EXAMPLES / "policy.yml"), str(path), env=ENV)
+    result = policy_command("test", str(EXAMPLES / "policy.yml"), str(path))
     assert result.returncode == 2 and problem in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -97,33 +121,33 @@ def test_check_names_every_problem_with_its_file_and_line(tmp_path: Path) -> Non
     path.write_text(
         "allow: [getBalance, nope]\ntools:\n  transferMoney:\n    timeout: soon\n    approvals: 0\n"
     )
-    result = run_bot("policy", "check", str(path), env=ENV)
+    result = policy_command("check", str(path))
     assert result.returncode == 1
     problems = sorted(result.stderr.splitlines())
     assert problems[0].startswith(f"{path}, line 4: tools.transferMoney.timeout:")
     assert problems[1].startswith(f"{path}, line 5: tools.transferMoney.approvals:")
     assert len(problems) == 2
     path.write_text("allow: [getBalance, nope]\ntools:\n  transferMoneyy: {}\n")
-    result = run_bot("policy", "check", str(path), env=ENV)
+    result = policy_command("check", str(path))
     assert result.returncode == 1
     assert [p.split(":")[0] for p in result.stderr.splitlines()] == [
         f"{path}, line 1",
         f"{path}, line 3",
     ]
-    ok = run_bot("policy", "check", str(EXAMPLES / "policy.yml"), env=ENV)
+    ok = policy_command("check", str(EXAMPLES / "policy.yml"))
     assert ok.returncode == 0 and "OK" in ok.stdout, ok.stderr
 
 
 def test_check_refuses_a_standing_approval_too_long_or_with_a_quorum(tmp_path: Path) -> None:
     path = tmp_path / "policy.yml"
     path.write_text("tools:\n  transferMoney:\n    standing: 2d\n")
-    result = run_bot("policy", "check", str(path), env=ENV)
+    result = policy_command("check", str(path))
     assert result.returncode == 1
     assert result.stderr.startswith(
         f"{path}, line 3: tools.transferMoney.standing: '2d': a standing approval lasts at most"
     )
     path.write_text("tools:\n  getBalance:\n    approvals: 2\n    standing: 1h\n")
-    result = run_bot("policy", "check", str(path), env=ENV)
+    result = policy_command("check", str(path))
     assert result.returncode == 1
     assert result.stderr.startswith(
         f"{path}, line 4: tools.getBalance.standing: a standing approval needs a tool one "
@@ -136,7 +160,7 @@ def test_redact_is_checked_and_a_case_may_expect_it(tmp_path: Path) -> None:
     key name, and `test` may expect the list (in any order)."""
     path = tmp_path / "policy.yml"
     path.write_text("tools:\n  exportData:\n    redact: [destination, a.b]\n")
-    result = run_bot("policy", "check", str(path), env=ENV)
+    result = policy_command("check", str(path))
     assert result.returncode == 1
     assert result.stderr.startswith(f"{path}, line 3: tools.exportData.redact:"), result.stderr
     assert "'a.b'" in result.stderr
@@ -152,7 +176,7 @@ def test_redact_is_checked_and_a_case_may_expect_it(tmp_path: Path) -> None:
     expect: {redact: [toAccount]}
 """
     )
-    result = run_bot("policy", "test", str(path), str(cases), env=ENV)
+    result = policy_command("test", str(path), str(cases))
     assert result.returncode == 1
     assert result.stdout.splitlines() == [
         "PASS the destination is hidden",
