@@ -5,12 +5,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+from contextlib import redirect_stderr, redirect_stdout
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bot import audit_export
 from storage.models import AuditRow
 from tests.bot.test_cli import run_bot
 from tests.conftest import pg_test_url
@@ -72,6 +74,19 @@ async def test_jsonl_for_one_tool(pg_engine: AsyncEngine, team: str) -> None:
     assert events[0]["detail"]["input"]["amount"] == 3 and events[0]["tool"] == "exportData"
 
 
+def export_here(*args: str) -> tuple[int, str, str]:
+    """`greenlight audit export ARGS` run in this process (`bot.audit_export.main`), for
+    arguments refused before any database is opened: a process costs a second of imports.
+    The last check below runs `python -m bot audit ...` whole."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = audit_export.main(["export", *args])
+        except SystemExit as exc:  # argparse's way out
+            code = exc.code if isinstance(exc.code, int) else 2
+    return code, out.getvalue(), err.getvalue()
+
+
 def test_bad_arguments_are_usage_on_stderr_and_exit_2() -> None:
     for args in (
         (),  # --since is required
@@ -79,7 +94,7 @@ def test_bad_arguments_are_usage_on_stderr_and_exit_2() -> None:
         ("--since", "2026-01-01", "--format", "xml"),
         ("--since", "2026-01-01", "--colour"),
     ):
-        code, out, err = export(*args)
+        code, out, err = export_here(*args)
         assert code == 2 and out == "" and "usage: greenlight audit export" in err, args
         assert "Traceback" not in err
     result = run_bot("audit", "import", env={"DATABASE_URL": pg_test_url()})
