@@ -267,7 +267,9 @@ def table(result: JSON) -> str:
     by_pair = result.get("ratios_by_pair")
     if by_pair:
         lines.append("")
-        lines.append(f"ratios of each pair run in turn ({len(by_pair)}; the table: medians):")
+        lines.append(
+            f"ratios of each pair run in turn ({len(by_pair)}; the targets read their medians):"
+        )
         for name in HEADLINE:
             lines.append(f"  {name:<34} " + "  ".join(fmt(p.get(name)) for p in by_pair))
     trace = ours.get("trace")
