@@ -26,9 +26,9 @@ ENV = {"APPROVER_CHANNEL": "C0APPROVERS"}
 
 def policy_command(*args: str) -> subprocess.CompletedProcess[str]:
     """`greenlight policy ARGS` run in this process (`bot.policy_cli.main`, what `python -m bot
-    policy` calls; the first and the last test here run that whole, in a process of its own),
-    with what that process would have had: ENV, none of this one's Slack or model settings.
-    Each process costs about 2.5 s of CPU, most of it importing Genkit."""
+    policy` calls; the docs example's test and the usage test run that whole, in a process
+    of its own), with what that process would have had: ENV, none of this one's Slack or
+    model settings. Each process costs about 2.5 s of CPU, most of it importing Genkit."""
     out, err = io.StringIO(), io.StringIO()
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GEMINI_"))}
     with (
