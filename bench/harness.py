@@ -556,6 +556,9 @@ class Driver:
         self.team = f"TB{run_id.upper()}"
         self.deadline = math.inf
         self.completed = 0
+        # Who approves: someone new every conversation (None, the targets' case: no lookup
+        # of them is ever cached), or one of a team of this many.
+        self.approvers: int | None = None
         self._n = itertools.count(1)
         self._run_id = run_id
 
@@ -577,6 +580,10 @@ class Driver:
         )
         self.observer.add(conv)
         return conv
+
+    def approver(self, conv: Conv) -> str:
+        n = int(conv.key[4:])
+        return f"UAPPR{n if self.approvers is None else n % self.approvers:07d}"
 
     def dm_payload(self, conv: Conv) -> sp.Payload:
         return sp.message_im_event(
@@ -631,7 +638,7 @@ class Driver:
                 clicked = time.perf_counter()
                 self.observer.note("» Approve clicked")
                 click_status, out.click = await self.post(
-                    self.click_payload(card, f"UAPPR{conv.key[4:]}")
+                    self.click_payload(card, self.approver(conv))
                 )
                 self.observer.note("« click acknowledged")
                 stage = "reply"
