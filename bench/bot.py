@@ -56,7 +56,7 @@ from pathlib import Path
 import aiohttp
 
 from bench import _load
-from bench.alternating import all_up, in_turn
+from bench.alternating import Step, all_up, in_turn
 from bench.burst import burst
 from bench.contention import contention
 from bench.database import temporary_database
@@ -231,7 +231,7 @@ async def bench_target(
         name, module, plan, database_url=database_url, pool=pool, profile=profile, env=env,
         latency=latency,
     ) as bot:  # fmt: skip
-        result: JSON = {"warmup": await warm_up(bot, plan, log)}
+        result: JSON = await warm_up(bot, plan, log)
         if phases == "memory":
             result["memory"] = await memory(bot.driver, log)
         elif profile == "pyinstrument":
@@ -248,8 +248,9 @@ async def bench_target(
 
 
 async def warm_up(bot: Bot, plan: Plan, log: Callable[[str], None]) -> JSON:
+    """The warm-up conversations, as the run's "warmup"."""
     log(f"[{bot.name}] warm-up")
-    return await bot.driver.warmup(plan.warmup)
+    return {"warmup": await bot.driver.warmup(plan.warmup)}
 
 
 async def timed(
@@ -420,11 +421,13 @@ async def files_comparison(
             ):  # fmt: skip
                 yield bots
 
-        async def warm(bot: Bot, _: int) -> JSON:
-            return {"warmup": await warm_up(bot, plan, log)}
-
         got = await in_turn(
-            FILES_PAIRS, both, [warm, lambda bot, _: timed(bot, plan, log, latency_only=True)]
+            FILES_PAIRS,
+            both,
+            [
+                lambda bot, _: warm_up(bot, plan, log),
+                lambda bot, _: timed(bot, plan, log, latency_only=True),
+            ],
         )
     runs = {kind: [r.get("levels", {}) for r in rs] for kind, rs in got.items()}
     merged = {kind: median_of(levels) for kind, levels in runs.items()}
@@ -487,13 +490,15 @@ async def side_by_side(
         ]) as bots:  # fmt: skip
             yield bots
 
-    async def warm(bot: Bot, _: int) -> JSON:
-        return {"warmup": await warm_up(bot, plan, log)}
-
     async def heavy(bot: Bot, i: int) -> JSON:
         return await loaded(bot, plan, log) if i < LOADED_PAIRS else {}
 
-    return await in_turn(pairs, both, [warm, lambda bot, _: timed(bot, plan, log), heavy])
+    steps: list[Step] = [
+        lambda bot, _: warm_up(bot, plan, log),
+        lambda bot, _: timed(bot, plan, log),
+        heavy,
+    ]
+    return await in_turn(pairs, both, steps)
 
 
 async def run(
