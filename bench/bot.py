@@ -84,7 +84,7 @@ PY_SPY_OUT = PROFILE_DIR / "greenlight-bench-py-spy.txt"
 CPROFILE_OUT = PROFILE_DIR / "greenlight-bench.pstats"
 PYINSTRUMENT_OUT = PROFILE_DIR / "greenlight-bench-pyinstrument.json"
 
-SERVICE_ENV: dict[str, str] = {}  # --service-env KEY=VALUE: experiments (e.g. BENCH_UVLOOP=1)
+SERVICE_ENV: dict[str, str] = {}  # --service-env KEY=VALUE: experiments (MAX_CONCURRENT_TURNS=4)
 
 
 def _env(slack: FakeSlack, gemini: FakeGemini, extra: dict[str, str]) -> dict[str, str]:
@@ -613,7 +613,7 @@ def main() -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra environment for the bot under test (an experiment, e.g. BENCH_UVLOOP=1)",
+        help="extra environment for the bot under test (an experiment: MAX_CONCURRENT_TURNS=4)",
     )
     parser.add_argument(
         "--pairs",

@@ -24,7 +24,6 @@ cost a few microseconds per statement:
   holds by allocator (RSS, glibc's heap and its free chunks, pymalloc's arenas), and with
   $BENCH_TRACEMALLOC=<frames> too, tracemalloc's snapshot and the live objects by type
   (`heap_figures`: issue 23's probe of what grows between 200 and 2,000 conversations);
-- an experiment, off by default: BENCH_UVLOOP=1 runs the loop on uvloop;
 - with $BENCH_CPROFILE set, cProfile (timed by process CPU time, not wall time) runs from
   start-up to shut-down and writes its stats to that path. It is of limited use: it loses
   track across SQLAlchemy's greenlet switches (see bench/ops.py for direct CPU figures).
@@ -50,7 +49,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.pool import Pool
 
 from bench.profile import Sampler
-from bot.__main__ import settings_or_exit
+from bot.__main__ import run_loop, settings_or_exit
 from bot.server import serve as bot_serve
 from bot.settings import Settings
 
@@ -329,12 +328,7 @@ def main() -> int:
     settings = settings_or_exit()
     stats = SqlStats()
     stats.install()
-    if os.environ.get("BENCH_UVLOOP") == "1":
-        import uvloop
-
-        uvloop.run(serve(settings, stats))
-    else:
-        asyncio.run(serve(settings, stats))
+    run_loop(serve(settings, stats))  # the loop `python -m bot` serves on
     return 0
 
 

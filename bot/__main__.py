@@ -7,8 +7,11 @@ the version."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
+from collections.abc import Coroutine
 from importlib import resources
+from typing import Any
 
 from bot import __version__
 from bot.logs import setup_logging
@@ -20,6 +23,18 @@ USAGE = (
     " migrate | healthcheck | manifest | keys create|revoke | --version]"
 )
 HEALTHCHECK_TIMEOUT = 5.0  # seconds; /healthz itself gives the database 2
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """The service's event loop: uvloop, which Genkit requires everywhere but Windows (and
+    recommends), else asyncio's. Fifty messages at once reach their last card 15% sooner on
+    it (docs/contributors.md, stop 37); the test suite runs on it too (tests/conftest.py)."""
+    try:
+        import uvloop
+    except ImportError:  # Windows: Genkit installs no uvloop there
+        asyncio.run(main)
+        return
+    uvloop.run(main)
 
 
 def settings_or_exit(*, serving: bool = True) -> Settings:
@@ -133,12 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     settings = settings_or_exit()  # first: a configuration error is told at once
-    import asyncio
-
     from bot.server import serve
 
     try:
-        asyncio.run(serve(settings))
+        run_loop(serve(settings))
     except ConfigError as exc:  # found at start: what Slack says about the approver channel
         print(exc.render(), file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 
 import asyncpg  # type: ignore[import-untyped]
@@ -80,6 +80,18 @@ def _choose_server() -> None:
     took = time.monotonic() - started
     print(f"\n{why}: embedded PostgreSQL started in {took:.1f} s", file=sys.stderr)
     os.environ[_SERVER] = server.url
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """The loop the service runs on (bot/__main__.py `run_loop`): uvloop, asyncio's where
+    there is none (Windows)."""
+    try:
+        import uvloop
+    except ImportError:
+        return {"asyncio": asyncio.new_event_loop}
+    return {"uvloop": uvloop.new_event_loop}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
