@@ -27,8 +27,8 @@ HEALTHCHECK_TIMEOUT = 5.0  # seconds; /healthz itself gives the database 2
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:
     """The service's event loop: uvloop, which Genkit requires everywhere but Windows (and
-    recommends), else asyncio's. Fifty messages at once reach their last card 15% sooner on
-    it (docs/contributors.md, stop 37); the test suite runs on it too (tests/conftest.py)."""
+    recommends), else asyncio's. Fifty messages at once reach their last card 5 to 15% sooner
+    on it (docs/contributors.md, stop 37); the test suite runs on it too (tests/conftest.py)."""
     try:
         import uvloop
     except ImportError:  # Windows: Genkit installs no uvloop there
