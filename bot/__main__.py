@@ -60,8 +60,6 @@ def migrate() -> int:
             file=sys.stderr,
         )
         return 2
-    import asyncio
-
     from storage.db import make_engine
     from storage.migrate import upgrade
 
@@ -104,8 +102,6 @@ def manifest() -> int:
 def demo() -> int:
     """The offline demo, its PostgreSQL starting while Genkit and the rest are imported.
     Start-up from end to end (two seconds, then the process ends): no garbage collection."""
-    import asyncio
-
     from bot import heap
     from storage import embedded
 
