@@ -25,16 +25,21 @@ USAGE = (
 HEALTHCHECK_TIMEOUT = 5.0  # seconds; /healthz itself gives the database 2
 
 
-def run_loop(main: Coroutine[Any, Any, None]) -> None:
+def new_loop() -> asyncio.AbstractEventLoop:
     """The service's event loop: uvloop, which Genkit requires everywhere but Windows (and
     recommends), else asyncio's. Fifty messages at once reach their last card 5 to 15% sooner
     on it (docs/contributors.md, stop 37); the test suite runs on it too (tests/conftest.py)."""
     try:
         import uvloop
     except ImportError:  # Windows: Genkit installs no uvloop there
-        asyncio.run(main)
-        return
-    uvloop.run(main)
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run the service on `new_loop`'s loop, as `asyncio.run` would on its own."""
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        runner.run(main)
 
 
 def settings_or_exit(*, serving: bool = True) -> Settings:

@@ -31,6 +31,7 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bot.__main__ import new_loop
 from storage import embedded
 from storage.db import SessionFactory, make_engine, make_session_factory
 from storage.migrate import upgrade
@@ -85,13 +86,8 @@ def _choose_server() -> None:
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
-    """The loop the service runs on (bot/__main__.py `run_loop`): uvloop, asyncio's where
-    there is none (Windows)."""
-    try:
-        import uvloop
-    except ImportError:
-        return {"asyncio": asyncio.new_event_loop}
-    return {"uvloop": uvloop.new_event_loop}
+    """Tests run on the loop the service runs on (bot/__main__.py `new_loop`)."""
+    return {"service": new_loop}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
