@@ -490,7 +490,7 @@ class Delivery:
         turn that posts no card too: once a person a minute, bot/people.py CACHE_TTL)."""
         self._links.warm(client, thread)
         if self._people is not None:
-            self._people.warm(client, user)
+            self._people.warm(client, user, thread.team_id)
 
 
 def _channel(approval: Approval, escalated: bool) -> str:

@@ -298,7 +298,7 @@ class HomeTabs:
                 self._locks[key] = (lock, users - 1)
 
     async def _publish(self, client: AsyncWebClient, team: str, user: str) -> None:
-        facts = self._people.deciding(client, user, clicked_in=None, home=True)
+        facts = self._people.deciding(client, user, team=team, clicked_in=None, home=True)
         inbox = await self._workflow.reads.inbox(team, user, facts, scan=INBOX_SCAN)
         grants = await self._workflow.reads.revocable(team, user, facts, scan=GRANTS_SCAN)
         own = await self._workflow.reads.requested_by(team, user, limit=OWN_SCAN)

@@ -1,4 +1,5 @@
-"""The service's recurring work: the recovery sweep and the follow-ups, until it stops."""
+"""The service's recurring work: the recovery sweep, the follow-ups and the people
+directory's sync, until it stops."""
 
 from __future__ import annotations
 
@@ -26,11 +27,14 @@ class Loops:
         *,
         sweep_interval: float,
         follow_up_interval: float = FOLLOW_UP_INTERVAL,
+        people_sync_interval: float = 0.0,
     ) -> None:
+        """`people_sync_interval`: seconds between users.list syncs (0: none)."""
         self._deps = deps
         self._client = client
         self._sweep_interval = sweep_interval
         self._follow_up_interval = follow_up_interval
+        self._people_sync_interval = people_sync_interval
         self._tasks: list[asyncio.Task[None]] = []
         self._pass: asyncio.Task[None] | None = None  # the recovery sweep's, while under way
 
@@ -39,9 +43,11 @@ class Loops:
             asyncio.create_task(self._sweep_forever(), name="recovery sweep"),
             asyncio.create_task(self._follow_up_forever(), name="follow-ups"),
         ]
+        if self._people_sync_interval:
+            self._tasks.append(asyncio.create_task(self._sync_forever(), name="people sync"))
 
     async def stop(self, grace: float = 0.0) -> None:
-        """Stop both loops; a sweep's pass under way (its resumes, whose replies may be in
+        """Stop the loops; a sweep's pass under way (its resumes, whose replies may be in
         their threads already) first gets up to `grace` seconds to finish, as turns do."""
         if self._pass is not None and not self._pass.done():
             await asyncio.wait({self._pass}, timeout=grace)
@@ -87,3 +93,13 @@ class Loops:
             except Exception:
                 log.exception("follow-ups failed; trying again shortly")
             await asyncio.sleep(self._follow_up_interval)
+
+    async def _sync_forever(self) -> None:
+        """Everyone users.list lists into the people directory; first at start-up."""
+        while True:
+            try:
+                seen = await self._deps.people.sync(self._client)
+                log.info("people directory synced: %d person(s)", seen)
+            except Exception:
+                log.exception("people directory sync failed; trying again next interval")
+            await asyncio.sleep(self._people_sync_interval)

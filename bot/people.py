@@ -1,7 +1,12 @@
 """Facts about Slack people and channels that say who may decide: admins, group members,
 whether an approver channel is private. Cached, since users.info, usergroups.users.list and
 conversations.info are rate limited, but briefly: a demoted admin, a member removed from an
-approver group or a channel made public loses the power within CACHE_TTL."""
+approver group or a channel made public loses the power within CACHE_TTL.
+
+What Slack says of a person (a guest? an admin? of which organisation?) is also kept for
+every replica in the people directory (storage/people.py), when one is set up: users.list
+fills it every sync, Slack's user_change and team_join events keep it current in between,
+and users.info is asked only of a person it does not know (or knew too long ago)."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
@@ -19,6 +25,7 @@ from agent.policy import ApproverFacts, Policy
 from agent.scope import Outside
 from bot.background import detached
 from storage.domain import Approval
+from storage.people import PeopleStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -37,7 +44,17 @@ USER_FIELDS = (
     "is_stranger",
 )
 MEMBER_PAGES = 10  # of conversations.members (1000 each): an approver channel is smaller
+SYNC_PAGE = 200  # people a users.list page (Slack advises at most 200)
 Outsider = Literal["guest", "external"]
+
+
+@dataclass(frozen=True)
+class Directory:
+    """The people directory, and how long a row is believed without Slack saying it again
+    (a sync refreshes every member's row; past this, users.info is asked)."""
+
+    store: PeopleStore
+    trusted: timedelta
 
 
 class People:
@@ -48,10 +65,13 @@ class People:
         clock: Callable[[], datetime],
         ttl: timedelta = CACHE_TTL,
         outside: Outside = contextlib.nullcontext,
+        directory: Directory | None = None,
     ) -> None:
         """`outside`: where a lookup another asker started is waited for (bot/background.py:
-        without a work slot; the lookup itself runs detached, needing none)."""
+        without a work slot; the lookup itself runs detached, needing none). `directory`:
+        where people are looked up before users.info (None: users.info alone)."""
         self._admins = frozenset(admin_users)
+        self._directory = directory
         self._outside = outside
         self._clock = clock
         self._ttl = ttl
@@ -81,14 +101,14 @@ class People:
         or a person of another organisation (Slack Connect)."""
         if user in self._admins:
             return True
-        info = await self._user(client, user)
+        info = await self._user(client, user, team)
         if info is None or outsider(info, team):
             return False  # fail closed: no policy change on a doubt
         return bool(info.get("is_admin") or info.get("is_owner") or info.get("is_primary_owner"))
 
     async def is_outsider(self, client: AsyncWebClient, user: str, team: str | None) -> bool:
         """Whether `user` is a guest or of another organisation (True when Slack cannot say)."""
-        info = await self._user(client, user)
+        info = await self._user(client, user, team)
         return info is None or outsider(info, team)
 
     async def outsider_kind(
@@ -96,29 +116,33 @@ class People:
     ) -> Outsider | None:
         """Whether `user` is a guest or of another organisation, for a card to say so of its
         requester; None when neither, or when Slack cannot say."""
-        info = await self._user(client, user)
+        info = await self._user(client, user, team)
         return None if info is None else outsider_kind(info, team)
 
-    def warm(self, client: AsyncWebClient, user: str) -> None:
+    def warm(self, client: AsyncWebClient, user: str, team: str | None) -> None:
         """Start looking `user` up now, for whoever asks next: a card for them, posted once
         the model has answered, then need not wait for users.info (bot/delivery.py)."""
         cached = self._user_cache.get(user)
         if not (cached and cached[0] > self._clock()):
-            self._lookup(client, user)
+            self._lookup(client, user, team)
 
-    async def _user(self, client: AsyncWebClient, user: str) -> dict[str, Any] | None:
+    async def _user(
+        self, client: AsyncWebClient, user: str, team: str | None
+    ) -> dict[str, Any] | None:
         cached = self._user_cache.get(user)
         if cached and cached[0] > self._clock():
             return cached[1]
         # Shielded: one asker cancelled must not cancel the lookup the others wait on.
         async with self._outside():
-            return await asyncio.shield(self._lookup(client, user))
+            return await asyncio.shield(self._lookup(client, user, team))
 
-    def _lookup(self, client: AsyncWebClient, user: str) -> asyncio.Task[dict[str, Any] | None]:
-        """The users.info lookup of `user` under way, or a new one: one call, however many
-        ask meanwhile (a warm one and the card's; two clicks of one person)."""
+    def _lookup(
+        self, client: AsyncWebClient, user: str, team: str | None
+    ) -> asyncio.Task[dict[str, Any] | None]:
+        """The lookup of `user` under way, or a new one: one, however many ask meanwhile (a
+        warm one and the card's; two clicks of one person)."""
         if (asking := self._asking.get(user)) is None:
-            asking = self._asking[user] = detached(self._ask(client, user))
+            asking = self._asking[user] = detached(self._ask(client, user, team))
             asking.add_done_callback(lambda done: self._asked(user, done))
         return asking
 
@@ -128,15 +152,67 @@ class People:
         if not done.cancelled():
             done.exception()  # retrieved: a warm lookup nobody awaited may have failed
 
-    async def _ask(self, client: AsyncWebClient, user: str) -> dict[str, Any] | None:
+    async def _ask(
+        self, client: AsyncWebClient, user: str, team: str | None
+    ) -> dict[str, Any] | None:
+        """The directory's word on `user` (asked by `team`), else users.info's (kept there)."""
+        directory = self._directory if team is not None else None
+        if directory is not None:
+            since = self._clock() - directory.trusted
+            try:
+                known = await directory.store.fresh(team or "", user, since=since)
+            except Exception as exc:  # the database: Slack can still say
+                log.warning("people directory unavailable: %r", exc)
+                known = None
+            if known is not None:
+                self._keep(self._user_cache, user, known)
+                return known
+        at = self._clock()
         try:
             found: dict[str, Any] = (await client.users_info(user=user))["user"]
         except SlackApiError as exc:
             log.warning("users.info failed for %s: %s", user, exc.response.get("error"))
             return None
-        info = {k: found[k] for k in USER_FIELDS if k in found}
+        info = user_facts(found)
         self._keep(self._user_cache, user, info)
+        if directory is not None:
+            await self._record(team or "", {user: info}, at)
         return info
+
+    async def _record(self, team: str, people: dict[str, dict[str, Any]], at: datetime) -> None:
+        assert self._directory is not None
+        try:
+            await self._directory.store.record(team, people, at)
+        except Exception as exc:  # the database: the next asker asks Slack again
+            log.warning("could not record %d person(s) in the directory: %r", len(people), exc)
+
+    async def heard(self, team: str, user: Any) -> None:
+        """What a user_change or team_join event (or a sync's page) says of a person: kept
+        here and, for every replica, in the directory."""
+        if not (isinstance(user, dict) and isinstance(user.get("id"), str)):
+            return
+        info = user_facts(user)
+        self._keep(self._user_cache, user["id"], info)
+        if self._directory is not None:
+            await self._record(team, {user["id"]: info}, self._clock())
+
+    async def sync(self, client: AsyncWebClient) -> int:
+        """Record everyone users.list lists in the directory, a page at a time: how many.
+        Slack's rate limits are waited out (bot/app.py); any other error ends the pass."""
+        if self._directory is None:
+            return 0
+        team = (await client.auth_test())["team_id"]
+        cursor, seen = None, 0
+        while True:
+            at = self._clock()
+            page = await client.users_list(limit=SYNC_PAGE, cursor=cursor)
+            members = [m for m in page.get("members") or [] if isinstance(m, dict)]
+            listed = {m["id"]: user_facts(m) for m in members if isinstance(m.get("id"), str)}
+            await self._directory.store.record(team, listed, at)
+            seen += len(listed)
+            cursor = (page.get("response_metadata") or {}).get("next_cursor")
+            if not cursor:
+                return seen
 
     async def group_members(self, client: AsyncWebClient, group: str) -> frozenset[str]:
         cached = self._group_cache.get(group)
@@ -237,12 +313,19 @@ class People:
         )
 
     def deciding(
-        self, client: AsyncWebClient, user: str, *, clicked_in: str | None, home: bool = False
+        self,
+        client: AsyncWebClient,
+        user: str,
+        *,
+        team: str | None,
+        clicked_in: str | None,
+        home: bool = False,
     ) -> Callable[[Approval, Policy], Awaitable[ApproverFacts]]:
-        """What Slack knows about `user`, who clicked in `clicked_in` (or on the Home tab),
-        asked once the workflow knows the request and its policy; but whether they are a
-        guest, which every decision asks, is looked up from now on, beside the request's read."""
-        self.warm(client, user)
+        """What Slack knows about `user` of `team`, who clicked in `clicked_in` (or on the Home
+        tab), asked once the workflow knows the request and its policy; but whether they are
+        a guest, which every decision asks, is looked up from now on, beside the request's
+        read."""
+        self.warm(client, user, team)
 
         async def facts(approval: Approval, policy: Policy) -> ApproverFacts:
             card_channel = approval.card.channel if approval.card else None
@@ -259,6 +342,11 @@ class People:
             )
 
         return facts
+
+
+def user_facts(user: dict[str, Any]) -> dict[str, Any]:
+    """What is kept of a Slack user object (USER_FIELDS)."""
+    return {k: user[k] for k in USER_FIELDS if k in user}
 
 
 def outsider(info: dict[str, Any], team: str | None) -> bool:

@@ -48,7 +48,7 @@ with heap.building():
     from bot.loops import Loops
     from bot.mcp_servers import McpConnections, mcp_servers
     from bot.metrics import Metrics
-    from bot.people import People
+    from bot.people import Directory, People
     from bot.routes import HEALTH_TIMEOUT, Probes, slack_web_app
     from bot.settings import ConfigError, Settings
     from bot.startup import prepare_policy, read_policy_file
@@ -62,6 +62,7 @@ with heap.building():
     from storage.approval_store import ApprovalStore
     from storage.db import connections_in_use, make_engine, make_session_factory
     from storage.gateway_store import GatewayStore
+    from storage.people import PeopleStore
 
 if TYPE_CHECKING:
     from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
@@ -180,7 +181,12 @@ class Service:
         probes = Probes(self._health, self.metrics, workflow.reads.pending_by_tool)
         probes.routes(web_app)
         await self._listen(web_app, app, probes)
-        self._loops = Loops(deps, app.client, sweep_interval=s.RECOVERY_INTERVAL_SECONDS)
+        self._loops = Loops(
+            deps,
+            app.client,
+            sweep_interval=s.RECOVERY_INTERVAL_SECONDS,
+            people_sync_interval=60.0 * s.PEOPLE_SYNC_MINUTES,
+        )
         self._loops.start()
         log.info(
             "Greenlight is up (%s; /healthz and /metrics on :%d): model %s, tools %s",
@@ -195,9 +201,17 @@ class Service:
         s = self.settings
         assistant = AssistantThreads(s.ASSISTANT_PROMPTS)
         outside = background.outside
-        people = People(admin_users=s.ADMIN_USERS, clock=self._clock, outside=outside)
+        directory = None
+        if s.PEOPLE_SYNC_MINUTES:  # a row outlives one failed sync, not two
+            store = PeopleStore(make_session_factory(self._engine))
+            directory = Directory(store, trusted=timedelta(minutes=2 * s.PEOPLE_SYNC_MINUTES))
+        people = People(
+            admin_users=s.ADMIN_USERS, clock=self._clock, outside=outside, directory=directory
+        )
         # Its own cache: a card's post must not make a click see a channel's privacy late.
-        for_cards = People(admin_users=s.ADMIN_USERS, clock=self._clock, outside=outside)
+        for_cards = People(
+            admin_users=s.ADMIN_USERS, clock=self._clock, outside=outside, directory=directory
+        )
         delivery = Delivery(
             workflow,
             clock=self._clock,

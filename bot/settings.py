@@ -96,6 +96,10 @@ class Settings(BaseSettings):
     # and the prompts an assistant thread offers when it opens (a JSON list: texts, or
     # {"title": ..., "message": ...}; at most 4, Slack's limit; [] for none).
     STREAM_INTERVAL_SECONDS: float = Field(default=1.0, ge=0, le=10)
+    # The people directory: minutes between users.list syncs of who is a guest or an admin,
+    # shared by the replicas and kept current by user_change events; 0: no directory,
+    # every new person is asked of users.info (bot/people.py).
+    PEOPLE_SYNC_MINUTES: int = Field(default=60, ge=0, le=7 * 24 * 60)
     ASSISTANT_PROMPTS: list[Prompt] = Field(default_factory=lambda: list(DEFAULT_PROMPTS))
     # The approvals API's callback_urls go to public addresses only, and to these networks
     # (CIDRs, comma-separated: "10.20.0.0/16,127.0.0.1/32"), docs/gateway.md.

@@ -313,6 +313,20 @@ class MessageCountRow(Base):
     told: Mapped[bool] = mapped_column(default=False)  # the "wait" reply is out
 
 
+class PersonRow(Base):
+    """What Slack says of a person that decides what they may do here (a guest, an admin,
+    their home organisation), shared by every replica (bot/people.py): written by
+    users.list, Slack's user_change and team_join events, and users.info. `checked_at`:
+    when Slack last said it, so a row nobody refreshed for long is asked again."""
+
+    __tablename__ = "people"
+
+    team_id: Mapped[str] = mapped_column(String(32), primary_key=True)  # who asked Slack
+    user_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    facts: Mapped[dict[str, Any]]
+    checked_at: Mapped[datetime]
+
+
 class ApiKeyRow(Base):
     """An API key of the gateway (gateway/): it acts as the Slack user who owns it, in one
     workspace. Only the key's SHA-256 is kept; the callback signing secret is kept as is

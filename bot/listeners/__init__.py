@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from slack_bolt.async_app import AsyncApp
 
-from bot.listeners import actions, assistant, commands, events, home, views
+from bot.listeners import actions, assistant, commands, events, home, people, views
 
 
 def register(app: AsyncApp) -> None:
-    for surface in (events, assistant, actions, views, commands, home):
+    for surface in (events, assistant, actions, views, commands, home, people):
         surface.register(app)

@@ -111,7 +111,9 @@ def facts_for(
     deps: Deps, client: AsyncWebClient, asked: Interaction, *, home: bool = False
 ) -> Callable[[Approval, Policy], Awaitable[ApproverFacts]]:
     """What Slack knows about the clicker, asked only once the workflow knows the request."""
-    return deps.people.deciding(client, asked.user, clicked_in=asked.channel, home=home)
+    return deps.people.deciding(
+        client, asked.user, team=asked.team, clicked_in=asked.channel, home=home
+    )
 
 
 async def settled(deps: Deps, client: AsyncWebClient, decided: Decided) -> None:

@@ -40,7 +40,14 @@ from tests.fakes.gemini import FakeGemini
 from tests.fakes.slack_api import DEADLINE, Call, FakeSlack
 
 # Tasks of the service that run on a timer, not for a conversation.
-LOOPS = {"recovery sweep", "follow-ups", "gateway sweep", "gateway decisions", "gateway waiters"}
+LOOPS = {
+    "recovery sweep",
+    "follow-ups",
+    "people sync",
+    "gateway sweep",
+    "gateway decisions",
+    "gateway waiters",
+}
 
 SECRET = "test-signing-secret"
 APPROVERS = "C0APPROVE"

@@ -101,6 +101,7 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "views_update": (),
     "views_publish": (),  # the Home tab
     "users_info": ("users:read",),
+    "users_list": ("users:read",),  # the people directory's sync
     "usergroups_users_list": ("usergroups:read",),
     "conversations_info": ("channels:read", "groups:read"),  # public and private channels
     "conversations_members": ("channels:read", "groups:read"),  # deciding from the Home tab
@@ -116,6 +117,8 @@ EVENT_SCOPES: dict[str, str | None] = {
     "message.groups": "groups:history",
     "assistant_thread_started": "assistant:write",
     "assistant_thread_context_changed": "assistant:write",
+    "user_change": "users:read",  # the people directory kept current
+    "team_join": "users:read",
 }
 
 

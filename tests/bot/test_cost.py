@@ -6,8 +6,9 @@ counts are pinned exactly, so a change that adds a statement or a Slack call say
 lower them when a cut lands. Each counts the second conversation of a service, as the
 benchmark counts a warm one (the workspace's address and the approver channel's privacy are
 asked once per process, not per conversation), with another requester and approver each
-time, as there: so two `users.info` (whether the requester is a guest, for the card; whether
-the approver is, before they may decide), each asked once a minute per person. Statements
+time, as there, every one of them in the people directory (the workspace synced): so two
+directory reads (whether the requester is a guest, for the card; whether the approver is,
+before they may decide) and no `users.info`. Statements
 are those of the conversation's work only: the
 service's periodic loops (recovery sweep, follow-ups, the gateway's) and this test's own
 reads (the click helper's) are left out.
@@ -34,8 +35,9 @@ from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, function_call, text
 from tests.fakes.slack_api import Call, FakeSlack
 
-SQL_PER_CONVERSATION = 11
-SLACK_PER_CONVERSATION = Counter({"chat.postMessage": 3, "chat.update": 2, "users.info": 2})
+SQL_PER_CONVERSATION = 13
+SLACK_PER_CONVERSATION = Counter({"chat.postMessage": 3, "chat.update": 2})
+PEOPLE = ["UEMP", "UBOSS", "UEMP2", "UCFO"]  # the conversations' requesters and approvers
 
 
 class Statements:
@@ -54,6 +56,14 @@ class Statements:
         if self._test is None or task is self._test or (task and task.get_name() in LOOPS):
             return
         self.seen.append(" ".join(statement.split())[:100])
+
+
+@pytest.fixture
+async def synced(fake_slack: FakeSlack, team: str, service: Service) -> None:
+    """The workspace `team`, whose users.list lists PEOPLE, synced into the directory."""
+    fake_slack.team_id, fake_slack.listed = team, PEOPLE
+    assert service.deps is not None and service.app is not None
+    assert await service.deps.people.sync(service.app.client) == len(PEOPLE)
 
 
 @pytest.fixture
@@ -102,6 +112,7 @@ async def test_one_conversation_runs_its_pinned_number_of_statements(
     team: str,
     service: Service,
     statements: Statements,
+    synced: None,
 ) -> None:
     await conversation(
         client, fake_slack, gemini, team, service, "UEMP", "UBOSS"
@@ -112,7 +123,12 @@ async def test_one_conversation_runs_its_pinned_number_of_statements(
 
 
 async def test_one_conversation_makes_its_pinned_slack_calls(
-    client: SlackClient, fake_slack: FakeSlack, gemini: FakeGemini, team: str, service: Service
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    synced: None,
 ) -> None:
     await conversation(
         client, fake_slack, gemini, team, service, "UEMP", "UBOSS"

@@ -97,12 +97,12 @@ async def test_a_lookup_under_way_is_shared_by_whoever_asks_meanwhile(
     card then awaits; two clicks of one person ask Slack once."""
     people = People(admin_users=[], clock=Clock())
     fake_slack.users["UGUEST"] = {"is_restricted": True}
-    people.warm(web_api, "UGUEST")
+    people.warm(web_api, "UGUEST", "T1")
     kinds = await asyncio.gather(
         people.outsider_kind(web_api, "UGUEST", "T1"), people.is_outsider(web_api, "UGUEST", "T1")
     )
     assert list(kinds) == ["guest", True]
-    people.warm(web_api, "UGUEST")  # known now: nothing to start
+    people.warm(web_api, "UGUEST", "T1")  # known now: nothing to start
     assert await people.outsider_kind(web_api, "UGUEST", "T1") == "guest"
     assert len(fake_slack.calls_to("users.info")) == 1
 
@@ -115,7 +115,7 @@ async def test_a_shared_lookup_that_failed_is_not_kept(
     people = People(admin_users=[], clock=Clock())
     team = fake_slack.team_id
     fake_slack.fail_next("users.info", error="user_not_found")
-    people.warm(web_api, "ULATER")
+    people.warm(web_api, "ULATER", team)
     assert await people.outsider_kind(web_api, "ULATER", team) is None  # Slack cannot say
     assert await people.is_outsider(web_api, "ULATER", team) is False  # asked again: a member
     assert len(fake_slack.calls_to("users.info")) == 2

@@ -108,8 +108,8 @@ def _stream_text(args: JSON) -> str:
 
 
 class FakeSlack:
-    """Answers like Slack's Web API and records every call; configure `users`, `usergroups`,
-    `channels`, `members` and `delays` per test, or replace entries of `handlers`."""
+    """Answers like Slack's Web API and records every call; configure `users`, `listed`,
+    `usergroups`, `channels`, `members` and `delays` per test, or replace entries of `handlers`."""
 
     def __init__(
         self,
@@ -124,6 +124,7 @@ class FakeSlack:
         self.bot_id, self.app_id = bot_id, app_id
         self.calls: list[Call] = []
         self.users: dict[str, JSON] = {}
+        self.listed: list[str] = []  # the people users.list lists, in order
         self.usergroups: dict[str, list[str]] = {}
         self.channels: dict[str, JSON] = {}
         self.members: dict[str, list[str]] = {}
@@ -148,6 +149,7 @@ class FakeSlack:
             "views.update": self._views_update,
             "views.publish": self._views_publish,
             "users.info": self._users_info,
+            "users.list": self._users_list,
             "usergroups.users.list": self._usergroup_users,
             "conversations.info": self._conversation_info,
             "conversations.members": self._conversation_members,
@@ -445,9 +447,25 @@ class FakeSlack:
         uid = args.get("user")
         if not uid:
             return _err("user_not_found")
+        return {"ok": True, "user": self._user(uid, args.get("team_id", self.team_id))}
+
+    def _users_list(self, args: JSON) -> JSON:
+        """`listed`, a page of `limit` at a time (the cursor: where the next page starts)."""
+        start, limit = int(args.get("cursor") or 0), int(args.get("limit") or 100)
+        page = self.listed[start : start + limit]
+        more = start + limit < len(self.listed)
+        return {
+            "ok": True,
+            "members": [self._user(uid, self.team_id) for uid in page],
+            "response_metadata": {"next_cursor": str(start + limit) if more else ""},
+        }
+
+    def _user(self, uid: str, team_id: str) -> JSON:
+        """A person as users.info and users.list give them: a member of `team_id`, but for
+        what `users` says of them."""
         user: JSON = {
             "id": uid,
-            "team_id": args.get("team_id", self.team_id),  # a member of the asking workspace
+            "team_id": team_id,
             "name": f"user-{uid.lower()}",
             "real_name": f"User {uid}",
             "deleted": False,
@@ -458,7 +476,7 @@ class FakeSlack:
             "tz": "Europe/London",
             "profile": {"display_name": f"user-{uid.lower()}", "real_name": f"User {uid}"},
         }
-        return {"ok": True, "user": user | self.users.get(uid, {})}
+        return user | self.users.get(uid, {})
 
     def _usergroup_users(self, args: JSON) -> JSON:
         group = args.get("usergroup")

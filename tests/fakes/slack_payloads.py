@@ -231,6 +231,20 @@ def app_home_opened_event(
     return _event_callback(team, event, event_id, app_id, bot_user_id)
 
 
+def user_event(
+    team: str,
+    user: dict[str, Any],
+    *,
+    kind: str = "user_change",
+    event_id: str | None = None,
+    app_id: str = APP_ID,
+    bot_user_id: str = BOT_USER_ID,
+) -> Payload:
+    """Slack's word that a person changed (`user_change`) or joined (`team_join`)."""
+    event = {"type": kind, "user": user, "event_ts": f"{time.time():.6f}"}
+    return _event_callback(team, event, event_id, app_id, bot_user_id)
+
+
 def url_verification(challenge: str = "challenge-token") -> Payload:
     """Sent once when the Request URL is saved; the app must echo `challenge`."""
     return _json({"token": VERIFICATION_TOKEN, "challenge": challenge, "type": "url_verification"})

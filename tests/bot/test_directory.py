@@ -1,0 +1,156 @@
+"""The people directory (bot/people.py, storage/people.py): who is a guest, known to every
+replica from users.list and Slack's user_change and team_join events, and users.info asked
+only of a person it does not know (issue 23: Slack calls, against issue 21's guest checks)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.people import Directory, People
+from bot.server import Service
+from storage.db import SessionFactory
+from storage.models import PersonRow
+from storage.people import PeopleStore
+from tests import ledger_tools
+from tests.agent.conftest import Clock
+from tests.bot.conftest import SlackClient, settle
+from tests.bot.test_e2e import BOSS, ask, text_of
+from tests.conftest import poll
+from tests.fakes import slack_payloads as sp
+from tests.fakes.gemini import FakeGemini
+from tests.fakes.slack_api import FakeSlack
+
+TRUSTED = timedelta(hours=2)  # PEOPLE_SYNC_MINUTES=60's
+
+
+def replica(sessions: SessionFactory, clock: Clock) -> People:
+    """Another process's People, on the same database."""
+    return People(admin_users=[], clock=clock, directory=Directory(PeopleStore(sessions), TRUSTED))
+
+
+def asked_of_slack(fake_slack: FakeSlack, user: str) -> int:
+    return len([c for c in fake_slack.calls_to("users.info") if c.args.get("user") == user])
+
+
+@pytest.fixture
+def workspace(fake_slack: FakeSlack, team: str) -> list[str]:
+    """This test's workspace as users.list lists it; asked for before `service`, so the
+    service's first sync, at start-up, finds it."""
+    fake_slack.team_id = team
+    fake_slack.listed = [BOSS, "UCFO"]
+    return fake_slack.listed
+
+
+async def test_the_workspace_is_synced_at_start_and_its_people_need_no_users_info(
+    workspace: list[str],
+    fake_slack: FakeSlack,
+    team: str,
+    service: Service,
+    bot_sessions: SessionFactory,
+) -> None:
+    async def synced() -> bool:
+        async with bot_sessions() as db:
+            rows = await db.scalars(sa.select(PersonRow.user_id).where(PersonRow.team_id == team))
+            return sorted(rows) == sorted(workspace)
+
+    await poll(synced, "the start-up sync")
+    assert service.deps is not None and service.app is not None
+    client = service.app.client
+    assert not await service.deps.people.is_outsider(client, BOSS, team)
+    assert fake_slack.calls_to("users.info") == []
+
+
+@pytest.mark.parametrize("kind", ["user_change", "team_join"])
+async def test_a_member_made_a_guest_cannot_approve_once_slack_says_so(
+    workspace: list[str],
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    bot_sessions: SessionFactory,
+    kind: str,
+) -> None:
+    """The event reaches the directory at once, for every replica, and this process's cache;
+    users.info, which still calls them a member, is never asked of them."""
+    assert service.deps is not None and service.app is not None
+    people = service.deps.people
+    await people.sync(service.app.client)
+    assert not await people.is_outsider(service.app.client, BOSS, team)  # cached: a member
+    asked = await ask(client, fake_slack, gemini, team)
+    guest = {"id": BOSS, "team_id": team, "is_restricted": True, "profile": {"title": "x"}}
+    assert (await client.send(sp.user_event(team, guest, kind=kind)))[0] == 200
+    other = replica(bot_sessions, Clock())
+
+    async def heard() -> bool:
+        return await other.is_outsider(service.app.client, BOSS, team) if service.app else False
+
+    await poll(heard, "the event in the directory")
+    assert (await client.click(team, BOSS, "approve", asked.card))[0] == 200
+    (ephemeral,) = await fake_slack.wait_for("chat.postEphemeral")
+    assert "Guests and people of other organisations" in text_of(ephemeral)
+    await settle(service)
+    still = await service.deps.workflow.reads.approval(team, asked.approval_id)
+    assert still is not None and still.decision is None and ledger_tools.entries() == []
+    assert asked_of_slack(fake_slack, BOSS) == 0
+
+
+async def test_a_person_the_directory_does_not_know_is_asked_once_for_every_replica(
+    fake_slack: FakeSlack, web_api: AsyncWebClient, bot_sessions: SessionFactory, team: str
+) -> None:
+    """Until their row is older than a sync's interval twice over: then Slack is asked again."""
+    clock = Clock()
+    fake_slack.team_id = team  # users.info: a person of this workspace
+    fake_slack.users["UNEW"] = {"is_ultra_restricted": True}
+    assert await replica(bot_sessions, clock).outsider_kind(web_api, "UNEW", team) == "guest"
+    assert await replica(bot_sessions, clock).outsider_kind(web_api, "UNEW", team) == "guest"
+    assert asked_of_slack(fake_slack, "UNEW") == 1
+    fake_slack.users["UNEW"] = {}
+    clock.advance(seconds=TRUSTED.total_seconds() + 1)
+    assert await replica(bot_sessions, clock).outsider_kind(web_api, "UNEW", team) is None
+    assert asked_of_slack(fake_slack, "UNEW") == 2
+    # Another workspace's word on the same person is not this one's.
+    assert await replica(bot_sessions, clock).is_outsider(web_api, "UNEW", "T0ELSEWHERE")
+    assert asked_of_slack(fake_slack, "UNEW") == 3
+
+
+async def test_an_older_word_never_overwrites_a_newer_one(
+    bot_sessions: SessionFactory, team: str
+) -> None:
+    """A sync's page read before an event, written after it, leaves the event's word."""
+    store, clock = PeopleStore(bot_sessions), Clock()
+    read_at = clock()
+    clock.advance(seconds=1)
+    await store.record(team, {"UX": {"is_restricted": True}}, clock())  # the event
+    await store.record(team, {"UX": {}, "UY": {}}, read_at)  # the page
+    assert await store.fresh(team, "UX", since=read_at) == {"is_restricted": True}
+    assert await store.fresh(team, "UY", since=read_at) == {}
+    clock.advance(seconds=1)
+    await store.record(team, {"UX": {}}, clock())  # a later word
+    assert await store.fresh(team, "UX", since=read_at) == {}
+    assert await store.fresh(team, "UX", since=clock() + timedelta(seconds=1)) is None
+
+
+@pytest.mark.parametrize("service_overrides", [{"PEOPLE_SYNC_MINUTES": 0}])
+async def test_without_a_directory_every_new_person_is_asked_of_users_info(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    bot_sessions: SessionFactory,
+    service_overrides: dict[str, Any],
+) -> None:
+    fake_slack.users["UEMP"] = {"is_restricted": True}
+    asked = await ask(client, fake_slack, gemini, team)
+    assert "a guest of this workspace" in str(asked.card.args["blocks"])
+    await settle(service)
+    assert asked_of_slack(fake_slack, "UEMP") == 1 and fake_slack.calls_to("users.list") == []
+    async with bot_sessions() as db:
+        kept = sa.select(sa.func.count()).where(PersonRow.team_id == team)
+        assert await db.scalar(kept) == 0
