@@ -71,12 +71,14 @@ from bench.harness import (
     Observer,
     Plan,
     ServiceProcess,
+    team_of,
+    workspace,
 )
 from bench.latency import detailed_trace, level
 from bench.report import median_of, ratios, table, targets
 from bench.throughput import saturation
 from tests.fakes.gemini import FakeGemini
-from tests.fakes.slack_api import FakeSlack
+from tests.fakes.slack_api import Call, FakeSlack
 
 RESULTS = Path(__file__).parent / "results-bot.json"
 PROFILE_DIR = Path(tempfile.gettempdir())
@@ -171,6 +173,9 @@ async def bot_up(
             extra["BENCH_CPROFILE"] = str(CPROFILE_OUT)
         slack = FakeSlack()
         slack.channels[APPROVERS] = {"is_private": True}  # the bot refuses a public one
+        slack.team_id = team_of(run_id)
+        if module == "bench.serve":  # Greenlight: its people directory's sync lists them
+            slack.listed = workspace()
         slack.delays["*"] = latency[0]
         await slack.start()
         observer = Observer(slack)
@@ -181,6 +186,8 @@ async def bot_up(
         bot: Bot | None = None
         try:
             await service.start()
+            if slack.listed:  # measured once the start-up sync is through
+                await slack.wait_for("users.list", predicate=last_page(slack), timeout=120)
             async with aiohttp.ClientSession(connector=connector) as http:
                 driver = Driver(name, service, slack, observer, gemini, http, pool, run_id)
                 driver.deadline = time.perf_counter() + plan.budget
@@ -202,6 +209,16 @@ async def bot_up(
                     bot.closing["cprofile"] = summarize_pstats(
                         CPROFILE_OUT, bot.driver.completed
                     ) | {"raw": str(CPROFILE_OUT)}
+
+
+def last_page(slack: FakeSlack) -> Callable[[Call], bool]:
+    """Whether a users.list call asks for the last page of `slack.listed`."""
+
+    def last(call: Call) -> bool:
+        start, limit = int(call.args.get("cursor") or 0), int(call.args.get("limit") or 100)
+        return start + limit >= len(slack.listed)
+
+    return last
 
 
 async def bench_target(

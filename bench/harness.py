@@ -537,6 +537,23 @@ def _sql_delta(before: JSON | None, after: JSON | None) -> JSON | None:
     return out
 
 
+WORKSPACE = 6_000  # requesters (and as many approvers) users.list lists: a bot's runs use fewer
+
+
+def team_of(run_id: str) -> str:
+    """The workspace a bot's conversations are in."""
+    return f"TB{run_id.upper()}"
+
+
+def workspace(people: int = WORKSPACE) -> list[str]:
+    """Everyone the Driver's conversations name (requesters and approvers), as users.list
+    lists them: so Greenlight's people directory knows them, as it knows a real
+    workspace's people (synced at start-up), and asks users.info of none."""
+    return [f"UB{n:07d}" for n in range(1, people + 1)] + [
+        f"UAPPR{n:07d}" for n in range(people + 1)
+    ]
+
+
 class Driver:
     """Conversations against one bot, and what a phase of them cost; the phases take it."""
 
@@ -553,7 +570,7 @@ class Driver:
     ) -> None:
         self.name, self.service, self.slack, self.observer = name, service, slack, observer
         self.gemini, self.http, self.pool = gemini, http, pool
-        self.team = f"TB{run_id.upper()}"
+        self.team = team_of(run_id)
         self.deadline = math.inf
         self.completed = 0
         # Who approves: someone new every conversation (None, the targets' case: no lookup
