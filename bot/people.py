@@ -156,17 +156,9 @@ class People:
         self, client: AsyncWebClient, user: str, team: str | None
     ) -> dict[str, Any] | None:
         """The directory's word on `user` (asked by `team`), else users.info's (kept there)."""
-        directory = self._directory if team is not None else None
-        if directory is not None:
-            since = self._clock() - directory.trusted
-            try:
-                known = await directory.store.fresh(team or "", user, since=since)
-            except Exception as exc:  # the database: Slack can still say
-                log.warning("people directory unavailable: %r", exc)
-                known = None
-            if known is not None:
-                self._keep(self._user_cache, user, known)
-                return known
+        if team is not None and (known := await self._known(team, user)) is not None:
+            self._keep(self._user_cache, user, known)
+            return known
         at = self._clock()
         try:
             found: dict[str, Any] = (await client.users_info(user=user))["user"]
@@ -175,26 +167,42 @@ class People:
             return None
         info = user_facts(found)
         self._keep(self._user_cache, user, info)
-        if directory is not None:
-            await self._record(team or "", {user: info}, at)
+        if team is not None:
+            await self._record(team, {user: info}, at)
         return info
 
+    async def _known(self, team: str, user: str) -> dict[str, Any] | None:
+        """The directory's row of `user`, if it has one recent enough to believe."""
+        if self._directory is None:
+            return None
+        since = self._clock() - self._directory.trusted
+        try:
+            return await self._directory.store.fresh(team, user, since=since)
+        except Exception as exc:  # the database: Slack can still say
+            log.warning("people directory unavailable: %r", exc)
+            return None
+
     async def _record(self, team: str, people: dict[str, dict[str, Any]], at: datetime) -> None:
-        assert self._directory is not None
+        if self._directory is None:
+            return
         try:
             await self._directory.store.record(team, people, at)
         except Exception as exc:  # the database: the next asker asks Slack again
             log.warning("could not record %d person(s) in the directory: %r", len(people), exc)
 
-    async def heard(self, team: str, user: Any) -> None:
-        """What a user_change or team_join event (or a sync's page) says of a person: kept
-        here and, for every replica, in the directory."""
+    async def heard(self, team: str, user: Any, *, sent: datetime | None = None) -> None:
+        """What a user_change or team_join event says of a person: kept in the directory
+        for every replica (unless it has heard something newer of them since: a retried
+        delivery comes minutes late), and what this process kept of them forgotten, so its
+        next question reads the newest word. `sent`: the event's time, in whole seconds, so
+        its word counts from the end of that second (a sync's page read within it is taken
+        as older), or from now if that is sooner."""
         if not (isinstance(user, dict) and isinstance(user.get("id"), str)):
             return
-        info = user_facts(user)
-        self._keep(self._user_cache, user["id"], info)
-        if self._directory is not None:
-            await self._record(team, {user["id"]: info}, self._clock())
+        now = self._clock()
+        at = now if sent is None else min(now, sent + timedelta(seconds=1))
+        await self._record(team, {user["id"]: user_facts(user)}, at)
+        self._user_cache.pop(user["id"], None)
 
     async def sync(self, client: AsyncWebClient) -> int:
         """Record everyone users.list lists in the directory, a page at a time: how many.

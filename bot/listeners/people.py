@@ -4,6 +4,7 @@ round, is known to every replica without waiting for the next users.list sync.""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from slack_bolt.async_app import AsyncApp, AsyncBoltContext
@@ -13,9 +14,12 @@ from bot.listeners.shared import obj, slack_id
 
 
 async def on_person(body: dict[str, Any], context: AsyncBoltContext, deps: Deps) -> None:
-    team = context.team_id or body.get("team_id")
+    """As of when Slack sent it (`event_time`): a retry, minutes late, of an event older than
+    the last sync leaves the sync's word."""
+    team, time = context.team_id or body.get("team_id"), body.get("event_time")
+    sent = datetime.fromtimestamp(time, UTC) if isinstance(time, int) and 0 < time < 2**40 else None
     if slack_id(team):
-        await deps.people.heard(team, obj(body.get("event")).get("user"))
+        await deps.people.heard(team, obj(body.get("event")).get("user"), sent=sent)
 
 
 def register(app: AsyncApp) -> None:

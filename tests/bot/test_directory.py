@@ -4,6 +4,7 @@ only of a person it does not know (issue 23: Slack calls, against issue 21's gue
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -97,6 +98,27 @@ async def test_a_member_made_a_guest_cannot_approve_once_slack_says_so(
     await settle(service)
     still = await service.deps.workflow.reads.approval(team, asked.approval_id)
     assert still is not None and still.decision is None and ledger_tools.entries() == []
+    assert asked_of_slack(fake_slack, BOSS) == 0
+
+
+async def test_a_retried_event_older_than_the_last_sync_leaves_the_syncs_word(
+    workspace: list[str],
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    team: str,
+    service: Service,
+    bot_sessions: SessionFactory,
+) -> None:
+    """Slack retries an event it could not deliver minutes later: what it said then is older
+    than the sync since, which already has the person as they are now."""
+    assert service.deps is not None and service.app is not None
+    sent = time.time() - 300
+    await service.deps.people.sync(service.app.client)  # BOSS: a member
+    guest = {"id": BOSS, "team_id": team, "is_restricted": True}
+    assert (await client.send(sp.user_event(team, guest, sent=sent)))[0] == 200
+    await settle(service)
+    assert not await replica(bot_sessions, Clock()).is_outsider(service.app.client, BOSS, team)
+    assert not await service.deps.people.is_outsider(service.app.client, BOSS, team)
     assert asked_of_slack(fake_slack, BOSS) == 0
 
 

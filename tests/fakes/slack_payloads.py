@@ -84,7 +84,12 @@ def _rich_text(text: str) -> list[dict[str, Any]]:
 
 
 def _event_callback(
-    team: str, event: dict[str, Any], event_id: str | None, app_id: str, bot_user_id: str
+    team: str,
+    event: dict[str, Any],
+    event_id: str | None,
+    app_id: str,
+    bot_user_id: str,
+    event_time: int | None = None,
 ) -> Payload:
     return _json(
         {
@@ -96,7 +101,7 @@ def _event_callback(
             "event": event,
             "type": "event_callback",
             "event_id": event_id or f"Ev{next(_ids):010d}",
-            "event_time": int(time.time()),
+            "event_time": int(time.time()) if event_time is None else event_time,
             "authorizations": [
                 {
                     "enterprise_id": None,
@@ -236,13 +241,16 @@ def user_event(
     user: dict[str, Any],
     *,
     kind: str = "user_change",
+    sent: float | None = None,
     event_id: str | None = None,
     app_id: str = APP_ID,
     bot_user_id: str = BOT_USER_ID,
 ) -> Payload:
-    """Slack's word that a person changed (`user_change`) or joined (`team_join`)."""
-    event = {"type": kind, "user": user, "event_ts": f"{time.time():.6f}"}
-    return _event_callback(team, event, event_id, app_id, bot_user_id)
+    """Slack's word that a person changed (`user_change`) or joined (`team_join`), sent at
+    `sent` (default: now; a retried delivery's is its first attempt's)."""
+    at = time.time() if sent is None else sent
+    event = {"type": kind, "user": user, "event_ts": f"{at:.6f}"}
+    return _event_callback(team, event, event_id, app_id, bot_user_id, int(at))
 
 
 def url_verification(challenge: str = "challenge-token") -> Payload:
