@@ -174,8 +174,9 @@ async def bot_up(
         slack = FakeSlack()
         slack.channels[APPROVERS] = {"is_private": True}  # the bot refuses a public one
         slack.team_id = team_of(run_id)
-        if module == "bench.serve":  # Greenlight: its people directory's sync lists them
-            slack.listed = workspace()
+        # Greenlight: its people directory's sync lists them (unless the run turns it off).
+        syncs = module == "bench.serve" and extra.get("PEOPLE_SYNC_MINUTES") != "0"
+        slack.listed = workspace() if syncs else []
         slack.delays["*"] = latency[0]
         await slack.start()
         observer = Observer(slack)
