@@ -16,8 +16,8 @@ from bot.listeners.shared import obj, slack_id
 async def on_person(body: dict[str, Any], context: AsyncBoltContext, deps: Deps) -> None:
     """As of when Slack sent it (`event_time`): a retry, minutes late, of an event older than
     the last sync leaves the sync's word."""
-    team, time = context.team_id or body.get("team_id"), body.get("event_time")
-    sent = datetime.fromtimestamp(time, UTC) if isinstance(time, int) and 0 < time < 2**40 else None
+    team, at = context.team_id or body.get("team_id"), body.get("event_time")
+    sent = datetime.fromtimestamp(at, UTC) if isinstance(at, int) and 0 < at < 2**40 else None
     if slack_id(team):
         await deps.people.heard(team, obj(body.get("event")).get("user"), sent=sent)
 
