@@ -390,31 +390,6 @@ async def memory(driver: Driver, log: Callable[[str], None]) -> JSON:
     return {"rss_mb": rss, "growth": round(last / first, 3) if first and last else None}
 
 
-TEAM = 5  # approvers, in `with_a_team`
-
-
-async def with_a_team(
-    database_url: str | None, pool: ProcessPoolExecutor, log: Callable[[str], None]
-) -> JSON:
-    """Slack calls a conversation when its approver is one of a team of TEAM (the
-    requester still new each time): beside the target's figure, where both are new and
-    neither's users.info (issue 21's guest checks, cached 60 s a person) is ever cached."""
-    async with (
-        temporary_database(database_url) as url,
-        bot_up("team", "bench.serve", QUICK, database_url=url, pool=pool) as bot,
-    ):
-        await warm_up(bot, QUICK, log)
-        bot.driver.approvers = TEAM
-        log(f"[team] saturation, approvers one of {TEAM}")
-        sat = await saturation(bot.driver, 16, 64, 60.0)
-    per = sat.get("per_conversation") or {}
-    return {
-        "approvers": TEAM,
-        "slack_calls": per.get("slack_calls"),
-        "by_method": per.get("slack_calls_by_method"),
-    }
-
-
 async def files_comparison(
     database_url: str | None, pool: ProcessPoolExecutor, log: Callable[[str], None]
 ) -> JSON:
@@ -565,7 +540,6 @@ async def run(
                 )  # fmt: skip
             result["memory"] = mem.get("memory")
             result["file_tools"] = await files_comparison(database_url, pool, log)
-            result["slack_calls_with_a_team"] = await with_a_team(database_url, pool, log)
         else:
             if target in ("both", "ours"):
                 async with temporary_database(database_url) as url:

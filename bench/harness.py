@@ -573,9 +573,6 @@ class Driver:
         self.team = team_of(run_id)
         self.deadline = math.inf
         self.completed = 0
-        # Who approves: someone new every conversation (None, the targets' case: no lookup
-        # of them is ever cached), or one of a team of this many.
-        self.approvers: int | None = None
         self._n = itertools.count(1)
         self._run_id = run_id
 
@@ -600,7 +597,7 @@ class Driver:
 
     def approver(self, conv: Conv) -> str:
         n = int(conv.key[4:])
-        return f"UAPPR{n if self.approvers is None else n % self.approvers:07d}"
+        return f"UAPPR{n:07d}"  # someone new every conversation
 
     def dm_payload(self, conv: Conv) -> sp.Payload:
         return sp.message_im_event(

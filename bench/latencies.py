@@ -9,7 +9,7 @@ Slack call takes --slack-ms and every model call --model-ms (defaults: a Web API
 cloud region, a short answer from a fast model) and the same conversation is timed at 1, 10
 and 50 at once, both bots alternating, each figure the median of its runs. What it shows is
 what an employee and an approver see: the time added by each call made one after another
-(Greenlight's users.info before a card, the bare bot's placeholder before the model call), by
+(the bare bot's placeholder before the model call, say), by
 the database, and by work waiting for a slot (MAX_CONCURRENT_TURNS) at 10 and 50 at once.
 
 Results: a table on stdout, JSON in bench/results-latencies.json. Not a target (issue 23 sets

@@ -255,13 +255,6 @@ def table(result: JSON) -> str:
         lines.append("")
         sizes = ", ".join(f"{n}: {mb} MB" for n, mb in memory["rss_mb"].items())
         lines.append(f"service RSS after conversations: {sizes} (x{memory['growth']})")
-    team = result.get("slack_calls_with_a_team")
-    if team:
-        lines.append("")
-        lines.append(
-            f"Slack calls / conversation with the approver one of a team of {team['approvers']}"
-            f" (the requester still new): {fmt(team['slack_calls'])}"
-        )
     files = result.get("file_tools")
     if files:
         lines.append("")
