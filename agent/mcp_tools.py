@@ -108,7 +108,8 @@ class McpTools:
         self._links = {name: _Link(name, config) for name, config in servers.items()}
         self._runtime = runtime
         self._backoff = backoff or Backoff()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Task[None]] = []  # one a link, in the links' order
+        self._stopping = False
         self.on_added: Added | None = None  # told the names of tools that joined later
 
     def connected(self, server: str) -> bool:
@@ -130,9 +131,17 @@ class McpTools:
                 task.cancel()
 
     async def stop(self) -> None:
-        """Close every connection (stdio servers' processes end with it)."""
-        for task in self._tasks:
-            task.cancel()
+        """Close every connection (stdio servers' processes end with it). A connected link
+        leaves its client as on a lost connection, not by a cancel: the SDK's shutdown, which
+        stops a stdio server's process, can be cut short by one (its own comment says so),
+        and a reader left waiting on that process can then hang the stop. A link not
+        connected (connecting, or waiting to retry) is cancelled."""
+        self._stopping = True
+        for link, task in zip(self._links.values(), self._tasks, strict=False):
+            if link.client is not None:
+                link.dropped.set()
+            else:
+                task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -170,6 +179,8 @@ class McpTools:
                     delay = self._backoff.first
                     log.info("MCP server %s: connected, %d tool(s)", link.name, len(listed))
                     await self._watch(link, client)
+                    if self._stopping:
+                        return  # the client is left as on a lost connection
                     log.warning("MCP server %s: connection lost; reconnecting", link.name)
             except Exception as exc:  # any failure means: not up, try again later
                 log.warning(
@@ -182,6 +193,8 @@ class McpTools:
                 link.client = None
                 link.up.clear()
                 link.tried.set()
+            if self._stopping:
+                return
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._backoff.most)
 
