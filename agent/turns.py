@@ -42,7 +42,7 @@ from storage.approval_store import ApprovalStore
 from storage.domain import Approval, Approved, Claim, NotStarted, Thread
 from storage.held_saves import Held, holding
 from storage.lifecycle import IllegalTransition
-from storage.session_store import starting
+from storage.turn_snapshots import resuming, starting
 
 log = logging.getLogger(__name__)
 
@@ -229,6 +229,7 @@ class Turns:
             claim.snapshot_id,
             _told(on_text, claim.thread, scope.requester),
             lambda c: c.resume_stream(respond=respond, restart=restart),
+            version=claim.snapshot_version,
         )
 
     async def _resumed(
@@ -370,17 +371,20 @@ class Turns:
         snapshot_id: str | None,
         told: Told,
         start: Callable[[AgentChat[Any]], Any],
+        *,
+        version: int | None = None,
     ) -> tuple[AgentResponse[Any], Held | None]:
         """Run one Genkit turn in this workspace's scope, telling its text as it grows; with
         the snapshot it saved held back, for the statement that ends the turn to write
-        (storage/held_saves.py; dropped if the turn fails: nothing will point at it)."""
+        (storage/held_saves.py; dropped if the turn fails: nothing will point at it).
+        `version`: of `snapshot_id`'s row, as the resume's claim read it, if it did."""
         await told("")
         agent = self.runtime.agent
         new = None if snapshot_id else self.new_id()  # a new chat's session, made here
         # A model that never answers must not hold the thread (or a resume lease) forever.
         # Approved calls run under their own timeout meanwhile (agent/scope.py ModelTime).
         async with scope.model_time.limit(self.turn_timeout.total_seconds()):
-            with scoped(scope), starting(new), holding() as hold:
+            with scoped(scope), starting(new), resuming(snapshot_id, version), holding() as hold:
                 chat = (
                     agent.chat(snapshot_id=snapshot_id)
                     if new is None

@@ -59,7 +59,7 @@ from storage.rows import (
     with_votes,
 )
 from storage.transitions import NOW, ROW_ID, SIBLING, A, Atomic, NewRow, T, V, guard, write
-from storage.turns import CLAIMING
+from storage.turns import CLAIMING, SNAPSHOT_VERSION
 
 # An approval to decide, with its tool's stored policy (None: the defaults) in one query.
 _P = cast(sa.Table, PolicyRow.__table__)
@@ -97,7 +97,7 @@ def _claim_its_turn(changed: sa.CTE) -> sa.Update:
             guard(CLAIM, but=(Requirement.ALL_DECIDED,)),
         )
         .values(state=CLAIM.enters, **CLAIMING)
-        .returning(T.c.conversation_id, T.c.snapshot_id, T.c.attempts)
+        .returning(T.c.conversation_id, T.c.snapshot_id, T.c.attempts, SNAPSHOT_VERSION)
     )
 
 
@@ -309,4 +309,5 @@ def _claimed(row: sa.Row[Any], approval: Approval, until: datetime | None) -> Cl
         attempt=row.followed_attempts,
         approvals=(approval,),
         lease_until=until,
+        snapshot_version=row.followed_snapshot_version,
     )

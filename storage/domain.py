@@ -452,6 +452,9 @@ class Claim:
     attempt: int
     approvals: tuple[Approval, ...]
     lease_until: datetime | None = None  # as claimed (renewals move it on)
+    # The snapshot row's version as the claim read it: a copy of that version kept in this
+    # process may stand in for loading it (storage/session_store.py `resuming`).
+    snapshot_version: int | None = None
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,13 @@ from typing import Any
 @dataclass(frozen=True)
 class Held:
     """A new snapshot's row and messages as CREATE's parameters (storage/session_store.py).
-    `written`: the turn's statement wrote it; `flush`: write it on its own (Genkit's save,
-    with its retries), when the turn's statement did not."""
+    `written`: the turn's statement wrote it (`resumable`: a pause, whose resume will load
+    it); `flush`: write it on its own (Genkit's save, with its retries), when the turn's
+    statement did not."""
 
     snapshot_id: str
     params: dict[str, Any]
-    written: Callable[[], None]
+    written: Callable[[bool], None]
     flush: Callable[[], Awaitable[None]]
 
 

@@ -13,10 +13,9 @@ runtime passes only the ambient action context, usually None), else the store's 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import random
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from typing import Any, NamedTuple, cast
 
@@ -40,22 +39,9 @@ from storage.db import Db, SessionFactory, autocommit
 from storage.driver import prepared
 from storage.held_saves import Held, Holding
 from storage.models import MessageRow, SnapshotRow
+from storage.turn_snapshots import KeptSnapshots, started
 
 current_team: ContextVar[str | None] = ContextVar("greenlight_current_team", default=None)
-# The session a running turn starts, by an id it made just now (`starting`).
-_starting: ContextVar[str | None] = ContextVar("greenlight_starting_session", default=None)
-
-
-@contextlib.contextmanager
-def starting(session_id: str | None) -> Iterator[None]:
-    """Run a turn that starts session `session_id`, an id made for it: Genkit looks a new
-    chat's session up before its first turn, and one made just now has no rows to find."""
-    token = _starting.set(session_id)
-    try:
-        yield
-    finally:
-        _starting.reset(token)
-
 
 SaveFn = Callable[[SessionSnapshot | None], SessionSnapshot | None]
 _Row = sa.Row[Any, Any, Any, Any, Any, Any]  # a GET_ROW result
@@ -264,6 +250,7 @@ class SqlSessionStore(SessionStore[Any]):
         # conversation finds its parent here, a round trip saved. Taken out when used (so a
         # retry reads afresh) or rewritten here; CREATE's digest check catches other writers.
         self._leaves: dict[tuple[str, str], _Peek] = {}
+        self._kept = KeptSnapshots()  # snapshots paused on here, for their resume
 
     def team(self, context: dict[str, Any] | None) -> str:
         """Explicit context wins, then the `current_team` ContextVar, then the default."""
@@ -287,8 +274,10 @@ class SqlSessionStore(SessionStore[Any]):
         team = self.team(context)
         if (hold := held_saves.current()) is not None:
             await hold.flush()  # whatever it reads, it reads as written
-        if snapshot_id is None and session_id is not None and session_id == _starting.get():
+        if snapshot_id is None and session_id is not None and session_id == started():
             return None  # a session made for this turn: no query finds what cannot be there
+        if snapshot_id is not None and (kept := self._kept.for_resume(team, snapshot_id)):
+            return kept
         async with autocommit(self._sessions) as s:  # single statements: no BEGIN, no COMMIT
             if snapshot_id is None:
                 params = {"team": team, "session": session_id}
@@ -434,10 +423,16 @@ class SqlSessionStore(SessionStore[Any]):
         params |= {"team": team, "sid": snap.snapshot_id, "parent_digest": plan.proof}
         return params | {"tail": _json(plan.tail).decode()}, plan.as_parent
 
-    def _remember(self, team: str, snapshot_id: str, as_parent: _Peek) -> None:
-        self._leaves[(team, snapshot_id)] = as_parent
+    def _remember(
+        self, team: str, sid: str, as_parent: _Peek, paused: SessionSnapshot | None = None
+    ) -> None:
+        """A row written here: a child's parent (as PEEK reads it); `paused`, a pause's
+        snapshot, kept whole for the resume a click here would start."""
+        self._leaves[(team, sid)] = as_parent
         if len(self._leaves) > _LEAVES:
             del self._leaves[next(iter(self._leaves))]  # the oldest
+        if paused is not None:
+            self._kept.keep(team, paused)
 
     async def _held(self, s: Db, team: str, snap: SessionSnapshot, fn: SaveFn) -> Held:
         """A new row held back (storage/held_saves.py): CREATE's parameters, for the turn's
@@ -448,7 +443,10 @@ class SqlSessionStore(SessionStore[Any]):
         async def flush() -> None:
             await self._saved(team, sid, fn, None)  # looked up first if it exists already
 
-        return Held(sid, params, lambda: self._remember(team, sid, as_parent), flush)
+        def written(resumable: bool) -> None:
+            self._remember(team, sid, as_parent, snap if resumable else None)
+
+        return Held(sid, params, written, flush)
 
     async def _write(self, s: Db, team: str, snap: SessionSnapshot, old: _Row | None) -> None:
         """Insert, or compare-and-swap, the row; store only the messages the parent lacks."""

@@ -45,7 +45,7 @@ from storage.rows import (
     thread_params,
     with_votes,
 )
-from storage.session_store import CREATED, STORED
+from storage.session_store import CREATED, STORED, S
 from storage.transitions import NOW, A, Atomic, C, NewRow, T, guard, write
 
 OF_TURN = prepared(LOCATED.where(A.c.turn_id == sa.bindparam("turn")))
@@ -68,6 +68,13 @@ def _approvals_of(turn: sa.FromClause) -> sa.Select[Any]:
 # What a CLAIM writes beside the state: a lease, and the attempt that names the claim.
 CLAIMING = {"lease_until": sa.bindparam("lease"), "attempts": T.c.attempts + 1, "updated_at": NOW}
 CLAIM_TURN = Atomic(write(CLAIM, **CLAIMING), read=_approvals_of)
+# The version of a claimed turn's snapshot row, read with the claim (`Claim.snapshot_version`).
+SNAPSHOT_VERSION = (
+    sa.select(S.c.version)
+    .where(S.c.team_id == T.c.team_id, S.c.snapshot_id == T.c.snapshot_id)
+    .scalar_subquery()
+    .label("snapshot_version")
+)
 RENEW_LEASE = prepared(write(RENEW, lease_until=sa.bindparam("lease")))
 LET_GO_OF = prepared(write(LET_GO, lease_until=None, updated_at=NOW))
 RECOVERABLE = sa.select(T.c.id).where(guard(CLAIM))
@@ -247,11 +254,16 @@ class TurnStore:
             await db.execute(RELEASE, values)
 
     async def _saving(
-        self, statement: sa.Executable, values: dict[str, Any], held: Held
+        self,
+        statement: sa.Executable,
+        values: dict[str, Any],
+        held: Held,
+        *,
+        resumable: bool = False,
     ) -> Sequence[sa.Row[Any]]:
         """What `statement`, run with the held snapshot's row, read; nothing when it wrote
         nothing, and then the snapshot is written alone, for the caller's plain statement
-        to point at."""
+        to point at. `resumable`: the statement pauses the turn (its resume loads it)."""
         try:
             async with autocommit(self._sessions) as db:
                 rows = (await db.execute(statement, values | held.params)).all()
@@ -260,7 +272,7 @@ class TurnStore:
                 raise
             rows = []
         if rows:
-            held.written()
+            held.written(resumable)
         else:
             await held.flush()
         return rows
@@ -286,7 +298,7 @@ class TurnStore:
         values = pause_params(turn, approvals)
         if held is not None:
             saving = paused_turn(len(approvals), saving=True).one
-            if await self._saving(saving, values, held):
+            if await self._saving(saving, values, held, resumable=True):
                 return
         await paused_turn(len(approvals)).run(self._sessions, values)
 

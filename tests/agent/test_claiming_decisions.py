@@ -14,7 +14,7 @@ from sqlalchemy import select
 from agent.outcomes import AwaitingApproval, Decided, Reply
 from storage.db import SessionFactory
 from storage.domain import Approval
-from storage.models import TurnRow
+from storage.models import MessageRow, SnapshotRow, TurnRow
 from tests.agent.conftest import IN_CHANNEL, Harness
 from tests.agent.test_workflow import TRANSFER, answer_with_tool_results
 from tests.fakes.scripted_model import calls
@@ -107,3 +107,31 @@ async def test_a_claim_taken_over_while_it_waited_resumes_nothing(h: Harness) ->
     assert await h.workflow.turns.resume(decided.turn_id, claim=decided.claim) is None
     assert len(h.ledger()) == 1  # run by the one that took it over, once
     assert len(h.model.requests) == asked  # the stale claim's resume never began
+
+
+@pytest.mark.parametrize("changed_elsewhere", [True, False])
+async def test_the_resume_uses_the_paused_snapshot_kept_here_only_at_its_version(
+    h: Harness, pg_sessions: SessionFactory, changed_elsewhere: bool
+) -> None:
+    """The process that paused the turn keeps its snapshot for the resume (no load), unless
+    the row changed since: every writer raises its version, which the claim reads."""
+    [approval] = await paused(h, TRANSFER)
+    async with pg_sessions() as s, s.begin():
+        [snapshot_id] = (
+            await s.execute(select(TurnRow.snapshot_id).where(TurnRow.id == approval.turn_id))
+        ).scalars()
+        first = await s.get_one(MessageRow, (h.team, snapshot_id, 0))
+        first.data = {**first.data, "content": [{"text": "send money, changed elsewhere"}]}
+        if changed_elsewhere:  # as a writer of the row does (storage/session_store.py)
+            row = await s.get_one(SnapshotRow, (h.team, snapshot_id))
+            row.version += 1
+    decided = await approved_here(h, approval)
+    assert decided.claim is not None
+    assert decided.claim.snapshot_version == (2 if changed_elsewhere else 1)
+    h.model.script(answer_with_tool_results)
+    assert await h.workflow.turns.resume(decided.turn_id, claim=decided.claim) is not None
+    said = next(m.text for m in h.model.requests[-1].messages if m.role == "user")
+    # Unchanged in version, the kept copy stands in for the row (so what the test wrote
+    # without raising it is not read): the control that the load was spared at all.
+    assert ("changed elsewhere" in said) is changed_elsewhere
+    assert len(h.ledger()) == 1

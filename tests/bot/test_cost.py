@@ -35,7 +35,7 @@ from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, function_call, text
 from tests.fakes.slack_api import Call, FakeSlack
 
-SQL_PER_CONVERSATION = 13
+SQL_PER_CONVERSATION = 12
 SLACK_PER_CONVERSATION = Counter({"chat.postMessage": 3, "chat.update": 2})
 PEOPLE = ["UEMP", "UBOSS", "UEMP2", "UCFO"]  # the conversations' requesters and approvers
 

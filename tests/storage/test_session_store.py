@@ -40,7 +40,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from storage import session_store
 from storage.db import make_engine, make_session_factory
 from storage.models import MessageRow, SnapshotRow
-from storage.session_store import SqlSessionStore, current_team, starting
+from storage.session_store import SqlSessionStore, current_team
+from storage.turn_snapshots import starting
 from tests.conftest import pg_test_url
 
 KINDS = ["memory", "file", "postgresql"]
