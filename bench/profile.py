@@ -77,6 +77,7 @@ IDLE = (
     ("select", "selectors.py"),
     ("_run_once", "asyncio/base_events.py"),
     ("epoll.poll", "<built-in>"),
+    ("run", "asyncio/runners.py"),  # uvloop: its loop is C, below asyncio.run
 )
 
 
