@@ -170,6 +170,7 @@ class _Plan(NamedTuple):
     tail: list[Message]  # the messages it stores: those the parent chain lacks
     proof: str | None  # the parent's digest that the inherited messages rest on, if any
     as_parent: _Peek  # the row as PEEK will read it
+    size: int  # bytes of all its messages as JSON
 
 
 class _Conflict(Exception):
@@ -190,8 +191,9 @@ def _json(messages: list[Message]) -> bytes:
     )
 
 
-def _digests(messages: list[Message], cuts: Iterable[int]) -> dict[int, str]:
-    """sha256 of the JSON array of messages[:k] for each k in cuts (k > 0), and of them all.
+def _digests(messages: list[Message], cuts: Iterable[int]) -> tuple[dict[int, str], int]:
+    """sha256 of the JSON array of messages[:k] for each k in cuts (k > 0), and of them all;
+    and the array's length in bytes.
 
     One serialization and one pass: a prefix's array is the whole array cut where the tail's
     starts, then closed. Pydantic writes fields in a fixed order and `json` columns keep key
@@ -207,7 +209,7 @@ def _digests(messages: list[Message], cuts: Iterable[int]) -> dict[int, str]:
         out[k] = prefix.hexdigest()
     h.update(view[pos:])
     out[len(messages)] = h.hexdigest()
-    return out
+    return out, len(whole)
 
 
 def _checked(snapshot_id: str, count: int, rows: Sequence[Any]) -> list[dict[str, Any]]:
@@ -389,7 +391,7 @@ class SqlSessionStore(SessionStore[Any]):
                 if parent[3] is not None and parent[1] == parent[3]:
                     bases.append((parent[3], cast(str, parent[4])))
         bases = [(k, d) for k, d in bases if 0 < k <= n]
-        digests = _digests(msgs or [], [k for k, _ in bases])
+        digests, size = _digests(msgs or [], [k for k, _ in bases])
         inherited = next((k for k, d in bases if digests[k] == d), 0)
         count = None if msgs is None else n
         values = {
@@ -405,46 +407,47 @@ class SqlSessionStore(SessionStore[Any]):
         }
         proof = parent[2] if parent is not None and inherited else None
         up = (None, None) if parent is None else (parent[0], parent[2])
-        return _Plan(values, (msgs or [])[inherited:], proof, (count, inherited, digests[n], *up))
+        peek = (count, inherited, digests[n], *up)
+        return _Plan(values, (msgs or [])[inherited:], proof, peek, size)
 
     async def _create(self, s: Db, team: str, snap: SessionSnapshot) -> None:
         """A new row and its messages in one statement (PostgreSQL, autocommit)."""
-        params, as_parent = await self._creating(s, team, snap)
+        params, plan = await self._creating(s, team, snap)
         if (await s.execute(CREATE, params)).scalar() != 1:
             raise _Conflict  # the parent changed since it was read
-        self._remember(team, snap.snapshot_id, as_parent)
+        self._remember(team, snap.snapshot_id, plan)
 
     async def _creating(
         self, s: Db, team: str, snap: SessionSnapshot
-    ) -> tuple[dict[str, Any], _Peek]:
-        """CREATE's parameters, and the row as a child's PEEK will read it."""
+    ) -> tuple[dict[str, Any], _Plan]:
+        """CREATE's parameters, and the plan they come from."""
         plan = await self._plan(s, team, snap, locked=False)
         params = {f"new_{c}": v for c, v in plan.values.items()}
         params |= {"team": team, "sid": snap.snapshot_id, "parent_digest": plan.proof}
-        return params | {"tail": _json(plan.tail).decode()}, plan.as_parent
+        return params | {"tail": _json(plan.tail).decode()}, plan
 
     def _remember(
-        self, team: str, sid: str, as_parent: _Peek, paused: SessionSnapshot | None = None
+        self, team: str, sid: str, plan: _Plan, paused: SessionSnapshot | None = None
     ) -> None:
         """A row written here: a child's parent (as PEEK reads it); `paused`, a pause's
         snapshot, kept whole for the resume a click here would start."""
-        self._leaves[(team, sid)] = as_parent
+        self._leaves[(team, sid)] = plan.as_parent
         if len(self._leaves) > _LEAVES:
             del self._leaves[next(iter(self._leaves))]  # the oldest
         if paused is not None:
-            self._kept.keep(team, paused)
+            self._kept.keep(team, paused, plan.size)
 
     async def _held(self, s: Db, team: str, snap: SessionSnapshot, fn: SaveFn) -> Held:
         """A new row held back (storage/held_saves.py): CREATE's parameters, for the turn's
         ending statement, and how to write it alone if that statement does not."""
-        params, as_parent = await self._creating(s, team, snap)
+        params, plan = await self._creating(s, team, snap)
         sid = snap.snapshot_id
 
         async def flush() -> None:
             await self._saved(team, sid, fn, None)  # looked up first if it exists already
 
         def written(resumable: bool) -> None:
-            self._remember(team, sid, as_parent, snap if resumable else None)
+            self._remember(team, sid, plan, snap if resumable else None)
 
         return Held(sid, params, written, flush)
 
@@ -452,7 +455,7 @@ class SqlSessionStore(SessionStore[Any]):
         """Insert, or compare-and-swap, the row; store only the messages the parent lacks."""
         key = {"team": team, "sid": snap.snapshot_id}
         self._leaves.pop((team, snap.snapshot_id), None)  # a child would read it afresh
-        values, tail, _, _ = await self._plan(s, team, snap, locked=True)
+        values, tail, *_ = await self._plan(s, team, snap, locked=True)
         if old is None:
             await s.execute(sa.insert(S), {"team_id": team, "snapshot_id": key["sid"], **values})
         else:

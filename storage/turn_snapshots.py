@@ -20,7 +20,12 @@ from genkit.exp import SessionSnapshot
 
 from storage.models import SnapshotRow
 
-KEPT = 256  # snapshots kept: about one per request waiting on this replica; the oldest go
+# Kept: about one snapshot per request waiting on this replica, the oldest dropped first.
+# A long conversation (its messages' JSON over KEPT_ONE_BYTES) is loaded as before; the
+# objects kept take a few times their JSON's bytes.
+KEPT = 256
+KEPT_BYTES = 8 * 2**20
+KEPT_ONE_BYTES = 256 * 2**10
 # A new row's version: what a kept copy was written as (every change raises it).
 WRITTEN_AS: int = SnapshotRow.__table__.c.version.default.arg
 
@@ -63,12 +68,17 @@ class KeptSnapshots:
     """Snapshots as a pause wrote them (new rows, at WRITTEN_AS), by (team, id)."""
 
     def __init__(self) -> None:
-        self._kept: dict[tuple[str, str], SessionSnapshot] = {}
+        self._kept: dict[tuple[str, str], tuple[SessionSnapshot, int]] = {}
+        self._bytes = 0  # of the kept snapshots' messages, as JSON
 
-    def keep(self, team: str, snapshot: SessionSnapshot) -> None:
-        self._kept[(team, snapshot.snapshot_id)] = snapshot
-        if len(self._kept) > KEPT:
-            del self._kept[next(iter(self._kept))]  # the oldest
+    def keep(self, team: str, snapshot: SessionSnapshot, size: int) -> None:
+        """Keep `snapshot`, whose messages are `size` bytes of JSON, if it is not too big."""
+        if size > KEPT_ONE_BYTES:
+            return
+        self._kept[(team, snapshot.snapshot_id)] = (snapshot, size)
+        self._bytes += size
+        while len(self._kept) > KEPT or self._bytes > KEPT_BYTES:
+            self._bytes -= self._kept.pop(next(iter(self._kept)))[1]  # the oldest
 
     def for_resume(self, team: str, snapshot_id: str) -> SessionSnapshot | None:
         """The copy kept of the snapshot the running resume continues from, if its claim
@@ -78,4 +88,7 @@ class KeptSnapshots:
         if resume is None or resume[0] != snapshot_id:
             return None
         kept = self._kept.pop((team, snapshot_id), None)
-        return kept if resume[1] == WRITTEN_AS else None
+        if kept is None:
+            return None
+        self._bytes -= kept[1]
+        return kept[0] if resume[1] == WRITTEN_AS else None

@@ -777,7 +777,8 @@ def test_prefix_digests_match_digests_of_prefixes() -> None:
         Message(role=Role.TOOL, content=[Part(tool_response={"name": "t", "output": None})]),
         Message(role=Role.MODEL, content=[Part(text="")], metadata={"k": {"z": 1, "a": 2}}),
     ]
-    got = session_store._digests(msgs, range(1, len(msgs) + 1))
+    got, size = session_store._digests(msgs, range(1, len(msgs) + 1))
     for k in range(1, len(msgs) + 1):
         assert got[k] == hashlib.sha256(session_store._json(msgs[:k])).hexdigest()
-    assert session_store._digests([], [])[0] == hashlib.sha256(b"[]").hexdigest()
+    assert size == len(session_store._json(msgs))
+    assert session_store._digests([], [])[0][0] == hashlib.sha256(b"[]").hexdigest()
