@@ -14,6 +14,7 @@ from bot.deps import Deps
 log = logging.getLogger(__name__)
 
 FOLLOW_UP_INTERVAL = 5.0  # seconds between looks for due reminders and escalations
+SYNC_CHECKS = 4  # looks an interval whether the people directory's sync is due
 
 
 class Loops:
@@ -95,11 +96,14 @@ class Loops:
             await asyncio.sleep(self._follow_up_interval)
 
     async def _sync_forever(self) -> None:
-        """Everyone users.list lists into the people directory; first at start-up."""
+        """Everyone users.list lists into the people directory, by whichever replica claims
+        the sync once it is due; asked at start-up and SYNC_CHECKS times an interval, so a
+        sync is late by a quarter of one at most, whichever replica's turn it is."""
         while True:
             try:
                 seen = await self._deps.people.sync(self._client)
-                log.info("people directory synced: %d person(s)", seen)
+                if seen is not None:
+                    log.info("people directory synced: %d person(s)", seen)
             except Exception:
-                log.exception("people directory sync failed; trying again next interval")
-            await asyncio.sleep(self._people_sync_interval)
+                log.exception("people directory sync failed; due again at the next look")
+            await asyncio.sleep(self._people_sync_interval / SYNC_CHECKS)

@@ -50,11 +50,16 @@ Outsider = Literal["guest", "external"]
 
 @dataclass(frozen=True)
 class Directory:
-    """The people directory, and how long a row is believed without Slack saying it again
-    (a sync refreshes every member's row; past this, users.info is asked)."""
+    """The people directory, synced about `every` by one replica (whichever claims it)."""
 
     store: PeopleStore
-    trusted: timedelta
+    every: timedelta
+
+    @property
+    def trusted(self) -> timedelta:
+        """How long a row is believed without Slack saying it again: a sync refreshes every
+        member's row, and a row outlives one failed sync, not two (then users.info)."""
+        return 2 * self.every
 
 
 class People:
@@ -204,19 +209,32 @@ class People:
         await self._record(team, {user["id"]: user_facts(user)}, at)
         self._user_cache.pop(user["id"], None)
 
-    async def sync(self, client: AsyncWebClient) -> int:
-        """Record everyone users.list lists in the directory, a page at a time: how many.
-        Slack's rate limits are waited out (bot/app.py); any other error ends the pass."""
-        if self._directory is None:
+    async def sync(self, client: AsyncWebClient) -> int | None:
+        """Record everyone users.list lists in the directory, a page at a time: how many;
+        None when the sync is not due, or another replica has it (one lists the workspace
+        for all). Slack's rate limits are waited out (bot/app.py); any other error ends the
+        pass, and the sync is due again at once."""
+        if (directory := self._directory) is None:
             return 0
         team = (await client.auth_test())["team_id"]
+        now = self._clock()
+        due = now + directory.every
+        if not await directory.store.claim_sync(team, now=now, next_due=due):
+            return None
+        try:
+            return await self._listed(client, directory, team)
+        except Exception:
+            await directory.store.release_sync(team, now=self._clock(), next_due=due)
+            raise
+
+    async def _listed(self, client: AsyncWebClient, directory: Directory, team: str) -> int:
         cursor, seen = None, 0
         while True:
             at = self._clock()
             page = await client.users_list(limit=SYNC_PAGE, cursor=cursor)
             members = [m for m in page.get("members") or [] if isinstance(m, dict)]
             listed = {m["id"]: user_facts(m) for m in members if isinstance(m.get("id"), str)}
-            await self._directory.store.record(team, listed, at)
+            await directory.store.record(team, listed, at)
             seen += len(listed)
             cursor = (page.get("response_metadata") or {}).get("next_cursor")
             if not cursor:

@@ -202,9 +202,9 @@ class Service:
         assistant = AssistantThreads(s.ASSISTANT_PROMPTS)
         outside = background.outside
         directory = None
-        if s.PEOPLE_SYNC_MINUTES:  # a row outlives one failed sync, not two
+        if s.PEOPLE_SYNC_MINUTES:
             store = PeopleStore(make_session_factory(self._engine))
-            directory = Directory(store, trusted=timedelta(minutes=2 * s.PEOPLE_SYNC_MINUTES))
+            directory = Directory(store, every=timedelta(minutes=s.PEOPLE_SYNC_MINUTES))
         people = People(
             admin_users=s.ADMIN_USERS, clock=self._clock, outside=outside, directory=directory
         )

@@ -327,6 +327,16 @@ class PersonRow(Base):
     checked_at: Mapped[datetime]
 
 
+class PeopleSyncRow(Base):
+    """When a workspace's people directory is next due a users.list sync: the replica that
+    claims it first (storage/people.py `claim_sync`) syncs, the others leave it."""
+
+    __tablename__ = "people_syncs"
+
+    team_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    due_at: Mapped[datetime]
+
+
 class ApiKeyRow(Base):
     """An API key of the gateway (gateway/): it acts as the Slack user who owns it, in one
     workspace. Only the key's SHA-256 is kept; the callback signing secret is kept as is

@@ -3,6 +3,7 @@
 One row a person and workspace, replaced whenever Slack says something newer of them (a
 users.list page, a user_change or team_join event, a users.info answer). An older word never
 overwrites a newer one: a sync's page read before an event cannot undo what the event said.
+One replica syncs a workspace when its sync is due (`claim_sync`), for all of them.
 """
 
 from __future__ import annotations
@@ -16,9 +17,26 @@ from sqlalchemy.dialects import postgresql
 
 from storage.db import SessionFactory, autocommit
 from storage.driver import prepared
-from storage.models import PersonRow
+from storage.models import PeopleSyncRow, PersonRow
 
 P = cast(sa.Table, PersonRow.__table__)
+SYNCS = cast(sa.Table, PeopleSyncRow.__table__)
+_TEAM = sa.bindparam("team", type_=SYNCS.c.team_id.type)
+_due = postgresql.insert(SYNCS).values(team_id=_TEAM, due_at=sa.bindparam("next"))
+# The workspace's sync, claimed by whoever asks first once it is due: the next one set due.
+CLAIM_SYNC = prepared(
+    _due.on_conflict_do_update(
+        index_elements=[SYNCS.c.team_id],
+        set_={"due_at": _due.excluded.due_at},
+        where=SYNCS.c.due_at <= sa.bindparam("now"),
+    ).returning(SYNCS.c.team_id)
+)
+# A claimed sync that failed: due again at once (unless another claimed it since).
+RELEASE_SYNC = prepared(
+    sa.update(SYNCS)
+    .where(SYNCS.c.team_id == _TEAM, SYNCS.c.due_at == sa.bindparam("next"))
+    .values(due_at=sa.bindparam("now"))
+)
 
 FIND = prepared(
     sa.select(P.c.facts).where(
@@ -40,6 +58,19 @@ class PeopleStore:
                 dict[str, Any] | None,
                 await db.scalar(FIND, {"team": team, "user": user, "since": since}),
             )
+
+    async def claim_sync(self, team: str, *, now: datetime, next_due: datetime) -> bool:
+        """Whether the caller syncs `team` now: the first to ask once it is due does, and
+        the next is due at `next_due` (one statement); the others leave it to that one."""
+        async with autocommit(self._sessions) as db:
+            values = {"team": team, "now": now, "next": next_due}
+            return (await db.execute(CLAIM_SYNC, values)).first() is not None
+
+    async def release_sync(self, team: str, *, now: datetime, next_due: datetime) -> None:
+        """The sync claimed until `next_due` did not finish: due again at `now`, for the
+        next to ask (here or another replica), unless it was claimed again meanwhile."""
+        async with autocommit(self._sessions) as db:
+            await db.execute(RELEASE_SYNC, {"team": team, "now": now, "next": next_due})
 
     async def record(self, team: str, people: Mapping[str, dict[str, Any]], at: datetime) -> None:
         """Keep what Slack said at `at` of each of `people` (user id: facts) to `team`, but

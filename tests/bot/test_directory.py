@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.people import Directory, People
@@ -26,12 +27,13 @@ from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini
 from tests.fakes.slack_api import FakeSlack
 
-TRUSTED = timedelta(hours=2)  # PEOPLE_SYNC_MINUTES=60's
+EVERY = timedelta(hours=1)  # PEOPLE_SYNC_MINUTES=60's
+TRUSTED = 2 * EVERY
 
 
 def replica(sessions: SessionFactory, clock: Clock) -> People:
     """Another process's People, on the same database."""
-    return People(admin_users=[], clock=clock, directory=Directory(PeopleStore(sessions), TRUSTED))
+    return People(admin_users=[], clock=clock, directory=Directory(PeopleStore(sessions), EVERY))
 
 
 def asked_of_slack(fake_slack: FakeSlack, user: str) -> int:
@@ -47,6 +49,15 @@ def workspace(fake_slack: FakeSlack, team: str) -> list[str]:
     return fake_slack.listed
 
 
+async def synced_at_start(sessions: SessionFactory, team: str, workspace: list[str]) -> None:
+    async def synced() -> bool:
+        async with sessions() as db:
+            rows = await db.scalars(sa.select(PersonRow.user_id).where(PersonRow.team_id == team))
+            return sorted(rows) == sorted(workspace)
+
+    await poll(synced, "the start-up sync")
+
+
 async def test_the_workspace_is_synced_at_start_and_its_people_need_no_users_info(
     workspace: list[str],
     fake_slack: FakeSlack,
@@ -54,12 +65,7 @@ async def test_the_workspace_is_synced_at_start_and_its_people_need_no_users_inf
     service: Service,
     bot_sessions: SessionFactory,
 ) -> None:
-    async def synced() -> bool:
-        async with bot_sessions() as db:
-            rows = await db.scalars(sa.select(PersonRow.user_id).where(PersonRow.team_id == team))
-            return sorted(rows) == sorted(workspace)
-
-    await poll(synced, "the start-up sync")
+    await synced_at_start(bot_sessions, team, workspace)
     assert service.deps is not None and service.app is not None
     client = service.app.client
     assert not await service.deps.people.is_outsider(client, BOSS, team)
@@ -81,7 +87,8 @@ async def test_a_member_made_a_guest_cannot_approve_once_slack_says_so(
     users.info, which still calls them a member, is never asked of them."""
     assert service.deps is not None and service.app is not None
     people = service.deps.people
-    await people.sync(service.app.client)
+    await synced_at_start(bot_sessions, team, workspace)
+    assert await people.sync(service.app.client) is None  # synced: not due again yet
     assert not await people.is_outsider(service.app.client, BOSS, team)  # cached: a member
     asked = await ask(client, fake_slack, gemini, team)
     guest = {"id": BOSS, "team_id": team, "is_restricted": True, "profile": {"title": "x"}}
@@ -113,7 +120,7 @@ async def test_a_retried_event_older_than_the_last_sync_leaves_the_syncs_word(
     than the sync since, which already has the person as they are now."""
     assert service.deps is not None and service.app is not None
     sent = time.time() - 300
-    await service.deps.people.sync(service.app.client)  # BOSS: a member
+    await synced_at_start(bot_sessions, team, workspace)  # BOSS: a member
     guest = {"id": BOSS, "team_id": team, "is_restricted": True}
     assert (await client.send(sp.user_event(team, guest, sent=sent)))[0] == 200
     now = {"id": "UCFO", "team_id": team, "is_restricted": True}  # the same word, sent now
@@ -142,6 +149,26 @@ async def test_a_person_the_directory_does_not_know_is_asked_once_for_every_repl
     # Another workspace's word on the same person is not this one's.
     assert await replica(bot_sessions, clock).is_outsider(web_api, "UNEW", "T0ELSEWHERE")
     assert asked_of_slack(fake_slack, "UNEW") == 3
+
+
+async def test_one_replica_lists_the_workspace_each_time_its_sync_is_due(
+    fake_slack: FakeSlack, web_api: AsyncWebClient, bot_sessions: SessionFactory, team: str
+) -> None:
+    """Whichever replica asks first once the sync is due lists the workspace for all; a
+    sync cut short (Slack failing) is due again at once, for the next to ask."""
+    clock = Clock()
+    fake_slack.team_id, fake_slack.listed = team, [BOSS, "UCFO", "UNEW"]
+    a, b = replica(bot_sessions, clock), replica(bot_sessions, clock)
+    assert await a.sync(web_api) == 3
+    assert await b.sync(web_api) is None and await a.sync(web_api) is None
+    assert len(fake_slack.calls_to("users.list")) == 1
+    clock.advance(seconds=EVERY.total_seconds())
+    fake_slack.fail_next("users.list", error="internal_error")
+    with pytest.raises(SlackApiError):
+        await b.sync(web_api)
+    assert await a.sync(web_api) == 3  # due again: b's failed
+    assert await b.sync(web_api) is None
+    assert len(fake_slack.calls_to("users.list")) == 3
 
 
 async def test_an_older_word_never_overwrites_a_newer_one(
