@@ -453,7 +453,7 @@ class Claim:
     approvals: tuple[Approval, ...]
     lease_until: datetime | None = None  # as claimed (renewals move it on)
     # The snapshot row's version as the claim read it: a copy of that version kept in this
-    # process may stand in for loading it (storage/session_store.py `resuming`).
+    # process may stand in for loading it (storage/turn_snapshots.py `resuming`).
     snapshot_version: int | None = None
 
 

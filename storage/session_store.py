@@ -278,7 +278,8 @@ class SqlSessionStore(SessionStore[Any]):
             await hold.flush()  # whatever it reads, it reads as written
         if snapshot_id is None and session_id is not None and session_id == started():
             return None  # a session made for this turn: no query finds what cannot be there
-        if snapshot_id is not None and (kept := self._kept.for_resume(team, snapshot_id)):
+        kept = None if snapshot_id is None else self._kept.for_resume(team, snapshot_id)
+        if kept is not None:
             return kept
         async with autocommit(self._sessions) as s:  # single statements: no BEGIN, no COMMIT
             if snapshot_id is None:
