@@ -24,11 +24,12 @@ SYNCS = cast(sa.Table, PeopleSyncRow.__table__)
 _TEAM = sa.bindparam("team", type_=SYNCS.c.team_id.type)
 _due = postgresql.insert(SYNCS).values(team_id=_TEAM, due_at=sa.bindparam("next"))
 # The workspace's sync, claimed by whoever asks first once it is due: the next one set due.
+# A due time further off than the asker's next (PEOPLE_SYNC_MINUTES lowered) is due now.
 CLAIM_SYNC = prepared(
     _due.on_conflict_do_update(
         index_elements=[SYNCS.c.team_id],
         set_={"due_at": _due.excluded.due_at},
-        where=SYNCS.c.due_at <= sa.bindparam("now"),
+        where=sa.or_(SYNCS.c.due_at <= sa.bindparam("now"), SYNCS.c.due_at > _due.excluded.due_at),
     ).returning(SYNCS.c.team_id)
 )
 # A claimed sync that failed: due again at once (unless another claimed it since).

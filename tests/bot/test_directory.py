@@ -169,6 +169,14 @@ async def test_one_replica_lists_the_workspace_each_time_its_sync_is_due(
     assert await a.sync(web_api) == 3  # due again: b's failed
     assert await b.sync(web_api) is None
     assert len(fake_slack.calls_to("users.list")) == 3
+    # PEOPLE_SYNC_MINUTES lowered: a due time further off than the new interval is due now.
+    sooner = People(
+        admin_users=[],
+        clock=clock,
+        directory=Directory(PeopleStore(bot_sessions), EVERY / 4),
+    )
+    assert await sooner.sync(web_api) == 3
+    assert await a.sync(web_api) is None  # due in a quarter hour now, for everyone
 
 
 async def test_an_older_word_never_overwrites_a_newer_one(
