@@ -214,6 +214,8 @@ async def service(
     settings = bot_settings(fake_slack, gemini, DATABASE_URL=bot_database, **service_overrides)
     svc = Service(settings, host="127.0.0.1")
     await svc.start()
+    if settings.PEOPLE_SYNC_MINUTES:  # its start-up sync's calls are made before the test's
+        await fake_slack.wait_for("users.list")
     try:
         yield svc
     finally:
