@@ -84,6 +84,7 @@ class People:
         self._asking: dict[str, asyncio.Task[dict[str, Any] | None]] = {}  # under way
         self._group_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
         self._private_cache: dict[str, tuple[datetime, bool]] = {}
+        self._team: str | None = None  # the bot token's workspace, as auth.test said it
         self._member_cache: dict[str, tuple[datetime, frozenset[str]]] = {}
 
     def _keep(self, cache: dict[str, tuple[datetime, T]], key: str, value: T) -> None:
@@ -216,7 +217,9 @@ class People:
         pass, and the sync is due again at once."""
         if (directory := self._directory) is None:
             return 0
-        team = (await client.auth_test())["team_id"]
+        if self._team is None:  # a token's workspace never changes: asked once a process
+            self._team = str((await client.auth_test())["team_id"])
+        team = self._team
         now = self._clock()
         due = now + directory.every
         if not await directory.store.claim_sync(team, now=now, next_due=due):

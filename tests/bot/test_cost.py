@@ -20,6 +20,7 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -29,8 +30,11 @@ from sqlalchemy.engine import Engine
 
 from bot.listeners import shared
 from bot.server import Service
+from storage.db import SessionFactory
+from storage.people import PeopleStore
 from tests import ledger_tools
 from tests.bot.conftest import APPROVERS, LOOPS, SECRET, SlackClient, new_ts, settle
+from tests.conftest import poll
 from tests.fakes import slack_payloads as sp
 from tests.fakes.gemini import FakeGemini, function_call, text
 from tests.fakes.slack_api import Call, FakeSlack
@@ -59,11 +63,23 @@ class Statements:
 
 
 @pytest.fixture
-async def synced(fake_slack: FakeSlack, team: str, service: Service) -> None:
-    """The workspace `team`, whose users.list lists PEOPLE, synced into the directory."""
+def service_overrides(fake_slack: FakeSlack, team: str) -> dict[str, Any]:
+    """The service's workspace is `team`, whose users.list lists PEOPLE (set before it
+    starts: its token's workspace is asked once)."""
     fake_slack.team_id, fake_slack.listed = team, PEOPLE
-    assert service.deps is not None and service.app is not None
-    assert await service.deps.people.sync(service.app.client) == len(PEOPLE)
+    return {}
+
+
+@pytest.fixture
+async def synced(team: str, service: Service, bot_sessions: SessionFactory) -> None:
+    """PEOPLE in the directory, as the service's start-up sync left them."""
+    store = PeopleStore(bot_sessions)
+
+    async def listed() -> bool:
+        since = datetime.now(UTC) - timedelta(hours=1)
+        return all([await store.fresh(team, p, since=since) is not None for p in PEOPLE])
+
+    await poll(listed, "the start-up sync")
 
 
 @pytest.fixture

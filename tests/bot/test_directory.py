@@ -177,6 +177,7 @@ async def test_one_replica_lists_the_workspace_each_time_its_sync_is_due(
     )
     assert await sooner.sync(web_api) == 3
     assert await a.sync(web_api) is None  # due in a quarter hour now, for everyone
+    assert len(fake_slack.calls_to("auth.test")) == 3  # once a replica: its workspace
 
 
 async def test_an_older_word_never_overwrites_a_newer_one(
