@@ -39,7 +39,7 @@ from storage.db import Db, SessionFactory, autocommit
 from storage.driver import prepared
 from storage.held_saves import Held, Holding
 from storage.models import MessageRow, SnapshotRow
-from storage.turn_snapshots import KeptSnapshots, started
+from storage.turn_snapshots import WRITTEN_AS, KeptSnapshots, started
 
 current_team: ContextVar[str | None] = ContextVar("greenlight_current_team", default=None)
 
@@ -128,7 +128,7 @@ _unchanged = (
 )
 # Its first version is written out: SQLAlchemy fills a Python default in only for the
 # statement's own INSERT, not for one in a CTE of another (a turn's ending statement).
-_FIRST = sa.literal(S.c.version.default.arg, S.c.version.type)  # type: ignore[union-attr]
+_FIRST = sa.literal(WRITTEN_AS, S.c.version.type)  # what a kept copy is checked against
 CREATED = (
     sa.insert(S)
     .from_select(

@@ -7,7 +7,8 @@ resume it starts would load the snapshot the pause has just written. The pause's
 keeps it, and the resume uses it instead when its claim read the row at the version it was
 written with (`resuming`): every change to a snapshot row raises its version, so the same
 version is the same content, whichever replica changed it. One statement fewer on the
-click's path (click → reply p50 at one conversation 14.1 → 12.6 ms, `python -m bench`).
+click's path (click → reply p50 at one conversation 14.1 → 12.6 ms, A/B of the bot
+benchmark's levels, docs/contributors.md).
 """
 
 from __future__ import annotations
