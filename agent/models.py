@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from aiohttp import ClientSession
     from genkit.middleware import BaseMiddleware
 
 
@@ -89,9 +90,12 @@ class Credentials:
     ollama_server_address: str | None = None
 
 
-def plugins(models: Iterable[str], credentials: Credentials) -> list[Any]:
+def plugins(
+    models: Iterable[str], credentials: Credentials, http: ClientSession | None = None
+) -> list[Any]:
     """The plugins serving `models`, each once; ids without a known prefix (a model a test
-    registers itself) need none."""
+    registers itself) need none. `http`: the aiohttp session Google AI's calls go through
+    (agent/gemini.py `model_session`; None: google-genai's own)."""
     c = credentials
     made: list[Any] = []
     for prefix in dict.fromkeys(provider(m) for m in models):
@@ -101,7 +105,7 @@ def plugins(models: Iterable[str], credentials: Credentials) -> list[Any]:
         if prefix == "googleai":
             from agent.gemini import gemini_plugin
 
-            made.append(gemini_plugin(c.gemini_api_key, c.gemini_api_url))
+            made.append(gemini_plugin(c.gemini_api_key, c.gemini_api_url, http))
         elif prefix == "vertexai":
             from agent.gemini import vertex_plugin
 

@@ -6,7 +6,7 @@ import importlib
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dotpromptz.typing import DataArgument
 from genkit import Tool
@@ -22,6 +22,9 @@ from agent.questions import (
     define_ask_human,
     is_interrupt,
 )
+
+if TYPE_CHECKING:
+    from aiohttp import ClientSession
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful operations assistant working inside Slack. Use the tools you have to "
@@ -51,6 +54,9 @@ class AgentConfig:
     credentials: Credentials = field(default_factory=Credentials)
     # Retry and Fallback around each model call (agent/models.py).
     resilience: Resilience = field(default_factory=Resilience)
+    # The aiohttp session Google AI's calls go through (agent/gemini.py `model_session`),
+    # owned by whoever made it; None: google-genai's own.
+    model_http: ClientSession | None = None
 
 
 # A tool's preview: from the call's input, a short text for the approver ("Balance after
@@ -173,7 +179,8 @@ def build_runtime(
     middleware so that their tools pass its gate. Retry and Fallback sit inside the approval
     middleware too: its model hook (refs stamped, the wait given up) sees the answer that
     finally came, from whichever model."""
-    ai = Genkit(plugins=plugins([config.model, *config.resilience.fallbacks], config.credentials))
+    models = [config.model, *config.resilience.fallbacks]
+    ai = Genkit(plugins=plugins(models, config.credentials, config.model_http))
     if setup is not None:
         setup(ai)
     loaded = load_tools(ai, config.tool_modules)

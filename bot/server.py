@@ -32,7 +32,7 @@ with heap.building():
     from agent.keys import ApiKeys
     from agent.limits import MessageLimits
     from agent.mcp_config import McpServers
-    from agent.models import Credentials, ModelPluginError, Resilience
+    from agent.models import Credentials, ModelPluginError, Resilience, provider
     from agent.policy import policy_defaults
     from agent.policy_file import PolicyFile
     from agent.runtime import DEFAULT_SYSTEM_PROMPT, AgentConfig, ToolModuleError
@@ -65,6 +65,7 @@ with heap.building():
     from storage.people import PeopleStore
 
 if TYPE_CHECKING:
+    import aiohttp
     from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 
     from agent.mcp_tools import McpTools
@@ -96,8 +97,7 @@ class Service:
         # unsigned HTTP requests as Slack's.
         if problems := settings.serving_problems():
             raise ConfigError(problems)
-        self.settings = settings
-        self.host = host
+        self.settings, self.host = settings, host
         self._clock = clock
         self._ping_interval = socket_ping_interval
         self.port: int | None = None
@@ -143,6 +143,7 @@ class Service:
         self.deps: Deps | None = None
         self.app: AsyncApp | None = None
         self.gateway: Gateway | None = None
+        self._model_http: aiohttp.ClientSession | None = None  # Google AI's (agent/gemini.py)
         self._gateway_running = contextlib.AsyncExitStack()
 
     @property
@@ -315,12 +316,10 @@ class Service:
                 delay_seconds=s.AGENT_MODEL_RETRY_DELAY_SECONDS,
                 fallbacks=tuple(s.AGENT_FALLBACK_MODELS),
             ),
+            model_http=self._google_ai(),
         )
-        defaults = policy_defaults(
-            policy_file,
-            channel=s.APPROVER_CHANNEL,
-            timeout=timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS),
-        )
+        timeout = timedelta(seconds=s.APPROVAL_TIMEOUT_SECONDS)
+        defaults = policy_defaults(policy_file, channel=s.APPROVER_CHANNEL, timeout=timeout)
         try:
             workflow = build_workflow(
                 make_session_factory(self._engine),
@@ -352,6 +351,17 @@ class Service:
         except policy_files.PolicyFileError as exc:
             raise ConfigError([f"POLICY_FILE {p}" for p in exc.problems]) from None
         return workflow
+
+    def _google_ai(self) -> aiohttp.ClientSession | None:
+        """The session Google AI's calls go through, when a model is one of its (closed at
+        `stop`); made with the event loop running."""
+        s = self.settings
+        if all(provider(m) != "googleai" for m in (s.AGENT_MODEL, *s.AGENT_FALLBACK_MODELS)):
+            return None
+        from agent.gemini import model_session  # its plugin: only when a model uses it
+
+        self._model_http = model_session(s.GEMINI_API_URL)
+        return self._model_http
 
     async def stop(self) -> None:
         """Stop taking work, let in-flight turns finish, close connections.
@@ -385,6 +395,8 @@ class Service:
             await self._mcp.stop()  # after the turns: they may call MCP tools
         if self.app is not None and self.app.client.session is not None:
             await self.app.client.session.close()  # after the turns: they post to Slack
+        if self._model_http is not None:
+            await self._model_http.close()  # after the turns: they ask the model
         await self._engine.dispose()
         await self._health.dispose()
         await self._counters.dispose()

@@ -11,11 +11,13 @@ from genkit.exp import Genkit
 from genkit.model import ModelRequest, ModelResponse
 from genkit.plugin_api import ActionKind
 
+from agent.gemini import model_session
 from agent.models import Credentials, ModelPluginError, Resilience, plugins
 from agent.outcomes import AwaitingApproval, Failed, Resumed
 from agent.turns import MAX_RESUME_ATTEMPTS, RETRY_DELAY
 from storage.db import SessionFactory
 from tests.agent.conftest import IN_CHANNEL, NO_RETRY, harness
+from tests.fakes.gemini import FakeGemini, text
 from tests.fakes.scripted_model import calls
 
 
@@ -89,3 +91,31 @@ def test_retry_sits_inside_fallback() -> None:
     retry = mounted[1].config
     assert (retry.max_retries, retry.initial_delay_ms, retry.no_jitter) == (2, 500, False)
     assert Resilience(retries=0).middleware() == []
+
+
+PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens there
+
+
+async def test_google_ai_reads_its_proxy_from_the_environment_when_its_session_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not at each call (two trips to a worker thread before each, with google-genai's own
+    session): a proxy set later is not used; one set before the session is."""
+    for name in PROXIES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    gemini_model = "googleai/gemini-2.5-flash"
+    async with FakeGemini() as gemini:
+        gemini.script(text("direct"), text("still direct"))
+        credentials = Credentials(gemini_api_key="k", gemini_api_url=gemini.base_url)
+        async with model_session(gemini.base_url) as http:
+            ai = Genkit(plugins=plugins([gemini_model], credentials, http))
+            assert (await ai.generate(model=gemini_model, prompt="hi")).text == "direct"
+            monkeypatch.setenv("HTTP_PROXY", DEAD_PROXY)
+            assert (await ai.generate(model=gemini_model, prompt="hi")).text == "still direct"
+        async with model_session(gemini.base_url) as http:  # made with the proxy set
+            ai = Genkit(plugins=plugins([gemini_model], credentials, http))
+            failed = await ai.generate(model=gemini_model, prompt="hi")  # refused there
+            assert (failed.finish_reason, failed.text) == ("failed", "")
+        assert len(gemini.generate_requests()) == 2
