@@ -123,6 +123,8 @@ async def settled(deps: Deps, client: AsyncWebClient, decided: Decided) -> None:
     An Approve that resumes the turn here redraws its card once its call has run, saying
     so (a moment later, usually), or after REDRAW_WITHIN if the call takes longer: one
     redraw, not "Approved" and then "Ran." (the resume's own, as drawn already, is skipped).
+    It waits for the turn's reply to be out, up to REPLY_FIRST: the requester waits on the
+    reply, nobody waits on the card.
     """
     approval, ran = decided.approval, None
     if decided.turn_ready:
@@ -137,9 +139,13 @@ async def settled(deps: Deps, client: AsyncWebClient, decided: Decided) -> None:
             resumed = await deps.workflow.turns.resume(
                 turn_id, on_text=streams, on_ran=on_ran, claim=decided.claim
             )
-            if resumed is not None:
-                await deps.delivery.resumed(client, resumed, streams)
-            await streams.close_rest()
+            try:
+                if resumed is not None:
+                    await deps.delivery.resumed(client, resumed, streams)
+                await streams.close_rest()
+            finally:
+                if ran is not None:
+                    ran.replied.set()
 
         deps.background.spawn(resume(), name=f"resume {turn_id}")
     if ran is None:
@@ -149,6 +155,12 @@ async def settled(deps: Deps, client: AsyncWebClient, decided: Decided) -> None:
 
 
 REDRAW_WITHIN = 2.0  # seconds an approved call's card waits for the call to have run
+# Seconds it then waits for the turn's reply to be out first. The redraw (Block Kit and a
+# chat.update: about 0.6 ms of the loop here) otherwise runs between the call and the
+# model's answer: a model that answers within this waits for it (at one conversation,
+# alternated conversation by conversation, Approve → reply p50 5% slower); a slower one's
+# card is redrawn while it thinks, a tenth of a second after the call ran.
+REPLY_FIRST = 0.1
 
 
 def runs_here(approval: Approval) -> bool:
@@ -167,6 +179,7 @@ class Ran:
     def __init__(self, approval: Approval) -> None:
         self.approval = approval
         self.event = asyncio.Event()
+        self.replied = asyncio.Event()  # the resume that runs it has ended: its reply is out
 
     def done(self, finished: Approval) -> None:
         """The resume's `on_ran`: a call of the turn ran, its output recorded."""
@@ -176,10 +189,13 @@ class Ran:
 
 
 async def redraw_when_run(deps: Deps, client: AsyncWebClient, ran: Ran) -> None:
-    """Redraw the card once its call ran, or after REDRAW_WITHIN (read again then), waiting
-    without a work slot."""
+    """Redraw the card once its call ran, or after REDRAW_WITHIN (read again then), and once
+    the reply is out or REPLY_FIRST has passed; waiting without a work slot."""
     async with deps.background.outside():
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(REDRAW_WITHIN):
                 await ran.event.wait()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(REPLY_FIRST):
+                await ran.replied.wait()
     await deps.delivery.refresh_card(client, ran.approval, current=ran.event.is_set())

@@ -219,3 +219,39 @@ async def test_a_slow_calls_card_says_approved_before_it_ran(
     _, ran = await fake_slack.wait_for("chat.update", 2, predicate=redrawn)
     assert "Ran." in json.dumps(ran.args)
     await settle(service)
+
+
+@pytest.mark.parametrize(("thinks", "first"), [(0.0, "reply"), (1.0, "card")])
+async def test_a_ran_calls_card_waits_for_the_reply_but_not_for_a_slow_model(
+    client: SlackClient,
+    fake_slack: FakeSlack,
+    gemini: FakeGemini,
+    team: str,
+    service: Service,
+    thinks: float,
+    first: str,
+) -> None:
+    """The card's redraw is not in the way of the reply the requester waits on: a model that
+    answers within REPLY_FIRST has its reply posted first; a slower one's card says the call
+    ran while the model thinks."""
+    ts = new_ts()
+    gemini.script(function_call("transferMoney", {"amount": 5, "toAccount": "12345"}))
+    assert (await client.dm(team, "UEMP", "send 5 to 12345", ts=ts))[0] == 200
+    (card,) = await fake_slack.wait_for("chat.postMessage", predicate=is_card(ts))
+    await settle(service)
+    gemini.script(text("Sent.", delay=thinks))
+    assert (await client.click(team, "UBOSS", "approve", card))[0] == 200
+
+    def ran(c: Call) -> bool:
+        return c.args.get("channel") == APPROVERS and "Ran." in json.dumps(c.args)
+
+    def reply(c: Call) -> bool:
+        return c.args.get("thread_ts") == ts and c.args.get("text") == "Sent."
+
+    (redrawn,) = await fake_slack.wait_for("chat.update", predicate=ran)
+    (replied,) = await fake_slack.wait_for("chat.postMessage", predicate=reply)
+    order = sorted(
+        [(fake_slack.calls.index(redrawn), "card"), (fake_slack.calls.index(replied), "reply")]
+    )
+    assert order[0][1] == first
+    await settle(service)
