@@ -9,10 +9,11 @@ from decimal import Decimal
 from typing import Any
 from unittest.mock import patch
 
+import pytest
 from genkit import Message, Part, ToolRequest, ToolResponse
 from hypothesis import example, given, settings, strategies as st
 
-from agent import context
+from agent import approval, context
 from agent.context import (
     SAID_MAX,
     as_provenance,
@@ -21,7 +22,8 @@ from agent.context import (
     human_message,
     trace,
 )
-from storage.domain import Source
+from agent.scope import TurnScope
+from storage.domain import Context, Source
 
 AT = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
 
@@ -320,3 +322,27 @@ def test_the_indexes_a_process_keeps_are_bounded() -> None:
     # Threads whose latest message is the same: two kept under it.
     _, y2, y3 = (build("yes", {t, "yes"}) for t in "xzw")
     assert kept.near(["yes"]) == [("yes", y3), ("yes", y2)]
+
+
+async def test_a_small_conversation_is_traced_on_the_loop_as_a_thread_would_trace_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two trips to a worker thread cost more than tracing a few words (agent/approval.py
+    `INLINE_TRACE`); the answer is the same either way, and a conversation with a tool's
+    result, or longer, still goes to the thread."""
+    said = human_message("send 1,500 to acct 12345", by="U1", at=AT)
+    small = [said, model(calling("transferMoney", {"amount": 1500, "toAccount": "12345"}))]
+    big = [human_message("x" * (approval.INLINE_TRACE + 1), by="U1", at=AT), *small]
+    fed = [said, result("lookup", {"acct": "12345"}), small[1]]
+    assert [approval._small(c) for c in (small, big, fed)] == [True, False, False]
+    args = {"amount": 1500, "toAccount": "12345"}
+
+    async def traced(conversation: list[Message]) -> Context:
+        scope = TurnScope(team_id="T1", requester="U1", conversation=list(conversation))
+        return await approval.context_of(scope, "r1", args)
+
+    inline = await traced(small)
+    monkeypatch.setattr(approval, "INLINE_TRACE", 0)  # now it goes to the thread
+    assert not approval._small(small)
+    assert await traced(small) == inline
+    assert inline.sources == {"amount": Source("human"), "toAccount": Source("human")}
