@@ -14,9 +14,11 @@
 - gateway: bench/gateway.py (an allowed MCP call's overhead over calling the tool directly,
   and 200 calls waiting for approval held by one process: memory, descriptors, CPU).
 
-Run on their own: bench/ops.py (each step's CPU, in process) and bench/latencies.py (both bots
-with Slack and the model as slow as the real ones). Each prints its own table and writes its
-own JSON (bench/results-*.json) as well. Without
+Run on their own: bench/ops.py (each step's CPU, in process), bench/latencies.py (both bots
+with Slack and the model as slow as the real ones) and bench/interleaved.py (two code trees
+at one conversation, alternated conversation by conversation: a change of a few percent).
+Each prints its own table; the first two write their own JSON (bench/results-*.json) as
+well. Without
 --database-url each creates a temporary PostgreSQL database on 127.0.0.1:5432 and drops it.
 --quick runs fewer rounds of the bot benchmark and one SIGKILL run of the recovery benchmark
 (the store benchmark has one size).
