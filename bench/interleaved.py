@@ -12,7 +12,7 @@ the median ratio of the rounds.
 
 For a change too small for `python -m bench.bot`'s pairs to see: their ratios spread by a
 tenth between pairs (a whole phase on one bot, minutes apart), so a 5% change needs many of
-them; here an unchanged tree against itself reads 0.97 to 1.00 (the bot started second ran
+them; here an unchanged tree against itself reads 0.95 to 1.00 (the bot started second ran
 about 2% faster on the card), and a change of 3 to 5% shows in every round. Run it both ways
 (A B, then B A) when the change is that small.
 """

@@ -155,11 +155,11 @@ async def settled(deps: Deps, client: AsyncWebClient, decided: Decided) -> None:
 
 
 REDRAW_WITHIN = 2.0  # seconds an approved call's card waits for the call to have run
-# Seconds it then waits for the turn's reply to be out first. The redraw (Block Kit and a
-# chat.update: about 0.6 ms of the loop here) otherwise runs between the call and the
-# model's answer: a model that answers within this waits for it (at one conversation,
-# alternated conversation by conversation, Approve → reply p50 5% slower); a slower one's
-# card is redrawn while it thinks, a tenth of a second after the call ran.
+# Seconds it then waits for the turn's reply to be out first. Drawn at once, the redraw
+# (Block Kit and a chat.update: about 0.6 ms of the loop here) ran between the call and the
+# model's answer, and a quick reply waited for it (at one conversation, alternated
+# conversation by conversation, Approve → reply p50 5% slower). A slower model's card is
+# redrawn while it thinks, a tenth of a second after the call ran.
 REPLY_FIRST = 0.1
 
 

@@ -221,19 +221,25 @@ async def test_a_slow_calls_card_says_approved_before_it_ran(
     await settle(service)
 
 
-@pytest.mark.parametrize(("thinks", "first"), [(0.0, "reply"), (1.0, "card")])
+@pytest.mark.parametrize(
+    ("thinks", "reply_first", "first"), [(0.0, 30.0, "reply"), (1.0, 0.1, "card")]
+)
 async def test_a_ran_calls_card_waits_for_the_reply_but_not_for_a_slow_model(
     client: SlackClient,
     fake_slack: FakeSlack,
     gemini: FakeGemini,
     team: str,
     service: Service,
+    monkeypatch: pytest.MonkeyPatch,
     thinks: float,
+    reply_first: float,
     first: str,
 ) -> None:
     """The card's redraw is not in the way of the reply the requester waits on: a model that
     answers within REPLY_FIRST has its reply posted first; a slower one's card says the call
-    ran while the model thinks."""
+    ran while the model thinks. (REPLY_FIRST long for the first case: however slow the
+    machine, the card waits for the reply.)"""
+    monkeypatch.setattr(shared, "REPLY_FIRST", reply_first)
     ts = new_ts()
     gemini.script(function_call("transferMoney", {"amount": 5, "toAccount": "12345"}))
     assert (await client.dm(team, "UEMP", "send 5 to 12345", ts=ts))[0] == 200
