@@ -76,7 +76,10 @@ class KeptSnapshots:
         """Keep `snapshot`, whose messages are `size` bytes of JSON, if it is not too big."""
         if size > KEPT_ONE_BYTES:
             return
-        self._kept[(team, snapshot.snapshot_id)] = (snapshot, size)
+        key = (team, snapshot.snapshot_id)
+        if (kept := self._kept.pop(key, None)) is not None:  # kept again: counted once
+            self._bytes -= kept[1]
+        self._kept[key] = (snapshot, size)
         self._bytes += size
         while len(self._kept) > KEPT or self._bytes > KEPT_BYTES:
             self._bytes -= self._kept.pop(next(iter(self._kept)))[1]  # the oldest
